@@ -1,0 +1,154 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+// One set of Swift settings for every target: Swift 6 language mode (complete concurrency
+// checking is part of it) and no way to silently opt out.
+let swiftSettings: [SwiftSetting] = [
+    .swiftLanguageMode(.v6),
+]
+
+let package = Package(
+    name: "onboarding",
+    platforms: [.macOS(.v15)],
+    products: [
+        // The messaging interface and the in-process bus: what people test their own code against.
+        .library(name: "Messaging", targets: ["Messaging"]),
+        .library(name: "ZeroMQMessaging", targets: ["ZeroMQMessaging"]),
+        .library(name: "OnboardingAPI", targets: ["OnboardingAPI"]),
+        .library(name: "OnboardingClient", targets: ["OnboardingClient"]),
+        .executable(name: "auth-service", targets: ["auth-service"]),
+        .executable(name: "profile-service", targets: ["profile-service"]),
+        .executable(name: "image-upload-service", targets: ["image-upload-service"]),
+        .executable(name: "onboarding-orchestrator", targets: ["onboarding-orchestrator"]),
+        .executable(name: "onboarding-tap", targets: ["onboarding-tap"]),
+        .executable(name: "onboarding-client", targets: ["onboarding-client"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-async-algorithms", from: "1.1.4"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+    ],
+    targets: [
+        // MARK: Messaging
+
+        .systemLibrary(
+            name: "CZeroMQ",
+            pkgConfig: "libzmq",
+            providers: [.apt(["libzmq3-dev"])]
+        ),
+        .target(
+            name: "Messaging",
+            dependencies: [
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(
+            name: "ZeroMQMessaging",
+            dependencies: [
+                "CZeroMQ",
+                "Messaging",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
+        .testTarget(
+            name: "MessagingTests",
+            dependencies: ["Messaging", "ZeroMQMessaging"]
+        ),
+
+        // MARK: The product's wire types and rules
+
+        .target(
+            name: "OnboardingAPI",
+            dependencies: ["Messaging"]
+        ),
+        .testTarget(
+            name: "OnboardingAPITests",
+            dependencies: ["OnboardingAPI"],
+            resources: [.copy("proto")]
+        ),
+
+        // MARK: Shared service plumbing
+
+        .target(
+            name: "ServiceRuntime",
+            dependencies: [
+                "Messaging",
+                "ZeroMQMessaging",
+                "OnboardingAPI",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ]
+        ),
+
+        // MARK: Services
+
+        .target(
+            name: "AuthService",
+            dependencies: ["ServiceRuntime"]
+        ),
+        .executableTarget(name: "auth-service", dependencies: ["AuthService"]),
+
+        .target(
+            name: "ProfileService",
+            dependencies: ["ServiceRuntime"]
+        ),
+        .executableTarget(name: "profile-service", dependencies: ["ProfileService"]),
+
+        .target(
+            name: "ImageUploadService",
+            dependencies: ["ServiceRuntime"]
+        ),
+        .executableTarget(name: "image-upload-service", dependencies: ["ImageUploadService"]),
+
+        .target(
+            name: "OnboardingOrchestrator",
+            dependencies: ["ServiceRuntime"]
+        ),
+        .executableTarget(name: "onboarding-orchestrator", dependencies: ["OnboardingOrchestrator"]),
+
+        .testTarget(
+            name: "ServiceTests",
+            dependencies: ["AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator"]
+        ),
+
+        // MARK: Clients
+
+        .target(
+            name: "OnboardingClient",
+            dependencies: [
+                "Messaging",
+                "OnboardingAPI",
+                .product(name: "AsyncAlgorithms", package: "swift-async-algorithms"),
+            ]
+        ),
+        .target(
+            name: "ClientCommands",
+            dependencies: [
+                "OnboardingClient",
+                "ZeroMQMessaging",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        .executableTarget(name: "onboarding-tap", dependencies: ["ClientCommands"]),
+        .executableTarget(name: "onboarding-client", dependencies: ["ClientCommands"]),
+
+        // MARK: The whole system
+
+        .testTarget(
+            name: "SystemTests",
+            dependencies: [
+                "OnboardingClient", "AuthService", "ProfileService", "ImageUploadService",
+                "OnboardingOrchestrator", "ZeroMQMessaging",
+            ]
+        ),
+    ]
+)
+
+for target in package.targets where target.type != .system {
+    target.swiftSettings = (target.swiftSettings ?? []) + swiftSettings
+}

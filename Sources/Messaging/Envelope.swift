@@ -1,0 +1,130 @@
+import Foundation
+
+/// The fields every message on the bus carries, whatever its payload.
+///
+/// On the wire an envelope is one JSON object: these fields at the top level and the message's
+/// own content under `payload` (see `proto/envelope.schema.json`). Unknown top-level fields are
+/// ignored, so a newer sender can add fields without breaking an older receiver.
+public struct EnvelopeHeader: Codable, Sendable, Hashable {
+    /// The envelope format this process speaks.
+    public static let currentVersion = 1
+
+    /// Envelope format version; receivers refuse versions they do not know (`unsupportedVersion`).
+    public var version: Int
+    /// A unique id for this message (a UUID string). Replies name it in `correlationId`.
+    public var id: String
+    /// What the payload is, such as `auth.signIn` or `route.intent`.
+    public var type: String
+    /// The name of the process that sent the message, such as `auth`.
+    public var source: String
+    /// Per-publisher sequence number of an event; it only grows. Requests and replies carry 0.
+    public var sequence: UInt64
+    /// When the message was made, RFC 3339 in UTC with milliseconds (`2026-11-21T05:30:00.123Z`).
+    public var time: String
+    /// On a reply, the `id` of the request it answers; on an event, the request that caused it.
+    public var correlationId: String?
+    /// The person the message is about, where there is one.
+    public var uid: String?
+    /// The caller's session token, on user-scoped requests from an app. Never on events.
+    public var sessionToken: String?
+
+    public init(
+        version: Int = EnvelopeHeader.currentVersion,
+        id: String = UUID().uuidString.lowercased(),
+        type: String,
+        source: String,
+        sequence: UInt64 = 0,
+        time: String = Timestamp.now(),
+        correlationId: String? = nil,
+        uid: String? = nil,
+        sessionToken: String? = nil
+    ) {
+        self.version = version
+        self.id = id
+        self.type = type
+        self.source = source
+        self.sequence = sequence
+        self.time = time
+        self.correlationId = correlationId
+        self.uid = uid
+        self.sessionToken = sessionToken
+    }
+}
+
+/// A whole message: the header fields and a typed payload, encoded as one flat JSON object.
+public struct Envelope<Payload: Codable & Sendable>: Codable, Sendable {
+    public var header: EnvelopeHeader
+    public var payload: Payload
+
+    public init(header: EnvelopeHeader, payload: Payload) {
+        self.header = header
+        self.payload = payload
+    }
+
+    private enum CodingKeys: String, CodingKey { case payload }
+
+    public init(from decoder: any Decoder) throws {
+        self.header = try EnvelopeHeader(from: decoder)
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        self.payload = try container.decode(Payload.self, forKey: .payload)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        try header.encode(to: encoder)
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(payload, forKey: .payload)
+    }
+
+    /// The JSON bytes of this envelope.
+    public func encoded() throws -> Data {
+        try WireFormat.encoder().encode(self)
+    }
+}
+
+/// A payload with no fields: `{}`.
+public struct Empty: Codable, Sendable, Hashable {
+    public init() {}
+}
+
+/// JSON coders configured the way the wire format wants them.
+public enum WireFormat {
+    /// A JSON encoder with sorted keys, so the same value always makes the same bytes.
+    public static func encoder() -> JSONEncoder {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return encoder
+    }
+
+    public static func decoder() -> JSONDecoder {
+        JSONDecoder()
+    }
+}
+
+/// RFC 3339 timestamps in UTC with millisecond precision.
+public enum Timestamp {
+    /// The current time, formatted for an envelope's `time` field.
+    public static func now() -> String {
+        format(Date())
+    }
+
+    public static func format(_ date: Date) -> String {
+        var seconds = time_t(date.timeIntervalSince1970.rounded(.down))
+        let millis = Int((date.timeIntervalSince1970 - Double(seconds)) * 1000)
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        func pad(_ value: Int32, _ width: Int) -> String {
+            let digits = String(value)
+            return String(repeating: "0", count: max(0, width - digits.count)) + digits
+        }
+        return "\(pad(parts.tm_year + 1900, 4))-\(pad(parts.tm_mon + 1, 2))-\(pad(parts.tm_mday, 2))T"
+            + "\(pad(parts.tm_hour, 2)):\(pad(parts.tm_min, 2)):\(pad(parts.tm_sec, 2)).\(pad(Int32(millis), 3))Z"
+    }
+
+    /// Parses what `format` makes (and RFC 3339 without fractional seconds).
+    public static func parse(_ text: String) -> Date? {
+        if let date = try? Date.ISO8601FormatStyle(includingFractionalSeconds: true).parse(text) {
+            return date
+        }
+        return try? Date.ISO8601FormatStyle().parse(text)
+    }
+}

@@ -1,0 +1,268 @@
+import Foundation
+import Synchronization
+
+/// A ``MessageBus`` inside one process: the stub to test your own code against.
+///
+/// It keeps the contract of the ZeroMQ bus (the same contract tests run against both): topics
+/// match by prefix, subscribers see only what is published after they subscribe, a full
+/// subscriber queue drops the newest events, requests to an endpoint with no server fail with
+/// `noResponder` at once, unanswered ones with `timeout`, and requests the server cannot read
+/// are answered by the bus with a typed error.
+///
+/// Thread safety: all state sits behind one mutex; every method may be called from any task.
+public final class InProcessBus: MessageBus {
+    private struct Subscriber {
+        var topics: [String]
+        var continuation: AsyncStream<Message>.Continuation
+    }
+
+    private struct Server {
+        var id: UInt64
+        var limits: MessageLimits
+        var continuation: AsyncStream<IncomingRequest>.Continuation
+    }
+
+    private struct State {
+        var nextID: UInt64 = 0
+        var publishers: Set<Endpoint> = []
+        var subscribers: [Endpoint: [UInt64: Subscriber]] = [:]
+        var servers: [Endpoint: Server] = [:]
+        var statistics = BusStatistics()
+
+        mutating func makeID() -> UInt64 {
+            nextID += 1
+            return nextID
+        }
+    }
+
+    private let state = Mutex(State())
+
+    /// The name this bus signs the errors it answers with.
+    public let source: String
+
+    public init(source: String = "bus") {
+        self.source = source
+    }
+
+    public var statistics: BusStatistics {
+        state.withLock { $0.statistics }
+    }
+
+    // MARK: Events
+
+    public func publisher(at endpoint: Endpoint) async throws -> any EventPublisher {
+        try state.withLock { state in
+            guard state.publishers.insert(endpoint).inserted else {
+                throw ServiceError(.addressInUse, "A publisher is already bound at \(endpoint).")
+            }
+        }
+        return Publisher(bus: self, endpoint: endpoint)
+    }
+
+    public func subscribe(to endpoints: [Endpoint], topics: [String], limits: MessageLimits) async throws -> AsyncStream<Message> {
+        let (stream, continuation) = AsyncStream.makeStream(
+            of: Message.self, bufferingPolicy: .bufferingOldest(limits.queueLimit))
+        let id = state.withLock { state in
+            let id = state.makeID()
+            for endpoint in endpoints {
+                state.subscribers[endpoint, default: [:]][id] = Subscriber(topics: topics, continuation: continuation)
+            }
+            return id
+        }
+        continuation.onTermination = { [weak self] _ in
+            self?.state.withLock { state in
+                for endpoint in endpoints { state.subscribers[endpoint]?[id] = nil }
+            }
+        }
+        return stream
+    }
+
+    fileprivate func deliver(_ outgoing: OutgoingMessage, from endpoint: Endpoint) throws {
+        guard let topic = outgoing.topic else {
+            throw ServiceError(.invalidMessage, "An event needs a topic.")
+        }
+        let receivers = try state.withLock { state in
+            guard state.publishers.contains(endpoint) else {
+                throw ServiceError(.closed, "The publisher at \(endpoint) is closed.")
+            }
+            return (state.subscribers[endpoint] ?? [:]).values.filter { subscriber in
+                subscriber.topics.contains { topic.matchesTopicPrefix($0) }
+            }
+        }
+        guard !receivers.isEmpty else { return }
+        guard let message = try? Message(topic: topic, body: outgoing.body, attachment: outgoing.attachment) else {
+            state.withLock { $0.statistics.unreadableEvents += receivers.count }
+            return
+        }
+        var dropped = 0
+        for receiver in receivers {
+            if case .dropped = receiver.continuation.yield(message) { dropped += 1 }
+        }
+        if dropped > 0 {
+            state.withLock { $0.statistics.droppedEvents += dropped }
+        }
+    }
+
+    fileprivate func unbindPublisher(_ endpoint: Endpoint) {
+        _ = state.withLock { $0.publishers.remove(endpoint) }
+    }
+
+    private final class Publisher: EventPublisher {
+        let bus: InProcessBus
+        let endpoint: Endpoint
+        private let closed = Atomic(false)
+
+        init(bus: InProcessBus, endpoint: Endpoint) {
+            self.bus = bus
+            self.endpoint = endpoint
+        }
+
+        func publish(_ message: OutgoingMessage) throws {
+            guard !closed.load(ordering: .acquiring) else {
+                throw ServiceError(.closed, "The publisher at \(endpoint) is closed.")
+            }
+            try bus.deliver(message, from: endpoint)
+        }
+
+        func close() {
+            if !closed.exchange(true, ordering: .acquiringAndReleasing) {
+                bus.unbindPublisher(endpoint)
+            }
+        }
+
+        deinit { close() }
+    }
+
+    // MARK: Requests
+
+    public func serve(at endpoint: Endpoint, limits: MessageLimits) async throws -> AsyncStream<IncomingRequest> {
+        let (stream, continuation) = AsyncStream.makeStream(
+            of: IncomingRequest.self, bufferingPolicy: .bufferingOldest(limits.queueLimit))
+        let id = try state.withLock { state in
+            guard state.servers[endpoint] == nil else {
+                throw ServiceError(.addressInUse, "A server is already bound at \(endpoint).")
+            }
+            let id = state.makeID()
+            state.servers[endpoint] = Server(id: id, limits: limits, continuation: continuation)
+            return id
+        }
+        continuation.onTermination = { [weak self] _ in
+            self?.state.withLock { state in
+                if state.servers[endpoint]?.id == id { state.servers[endpoint] = nil }
+            }
+        }
+        return stream
+    }
+
+    public func request(_ outgoing: OutgoingMessage, to endpoint: Endpoint, timeout: Duration) async throws -> Message {
+        guard let server = state.withLock({ $0.servers[endpoint] }) else {
+            throw ServiceError(.noResponder, "Nothing answers at \(endpoint). Is the service running?")
+        }
+        let pending = PendingReply()
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Message, any Error>) in
+                pending.install(continuation)
+                let timer = Task {
+                    try? await Task.sleep(for: timeout)
+                    pending.resume(throwing: ServiceError(.timeout, "No reply from \(endpoint) within \(timeout)."))
+                }
+                pending.onFinish { timer.cancel() }
+                self.dispatch(outgoing, to: server, pending: pending)
+            }
+        } onCancel: {
+            pending.resume(throwing: CancellationError())
+        }
+    }
+
+    private func dispatch(_ outgoing: OutgoingMessage, to server: Server, pending: PendingReply) {
+        let source = self.source
+        let answer: @Sendable (OutgoingMessage) -> Void = { [weak self] reply in
+            do {
+                let message = try Message(body: reply.body, attachment: reply.attachment)
+                if !pending.resume(returning: message) {
+                    self?.state.withLock { $0.statistics.lateReplies += 1 }
+                }
+            } catch {
+                pending.resume(throwing: error)
+            }
+        }
+        if let violation = server.limits.violation(
+            envelopeBytes: outgoing.body.count, attachmentBytes: outgoing.attachment?.count, extraFrames: 0)
+        {
+            state.withLock { $0.statistics.rejectedRequests += 1 }
+            answer(Message.errorReply(violation, correlationId: nil, source: source))
+            return
+        }
+        let message: Message
+        do {
+            message = try Message(body: outgoing.body, attachment: outgoing.attachment)
+        } catch {
+            state.withLock { $0.statistics.rejectedRequests += 1 }
+            answer(Message.errorReply(error, correlationId: nil, source: source))
+            return
+        }
+        let request = IncomingRequest(message: message, responder: answer)
+        if case .dropped = server.continuation.yield(request) {
+            state.withLock { $0.statistics.overloadedRequests += 1 }
+            request.fail(ServiceError(.overloaded, "The service has too many requests in flight; try again shortly."), source: source)
+        }
+    }
+}
+
+/// A reply that may be resumed once, by the reply, the timer or cancellation, whichever is first.
+final class PendingReply: Sendable {
+    private struct State {
+        var continuation: CheckedContinuation<Message, any Error>?
+        var early: Result<Message, any Error>?
+        var finished = false
+        var onFinish: [@Sendable () -> Void] = []
+    }
+
+    private let state = Mutex(State())
+
+    func install(_ continuation: CheckedContinuation<Message, any Error>) {
+        let early: Result<Message, any Error>? = state.withLock { state in
+            if let early = state.early { return early }
+            state.continuation = continuation
+            return nil
+        }
+        if let early { continuation.resume(with: early) }
+    }
+
+    func onFinish(_ action: @escaping @Sendable () -> Void) {
+        let runNow = state.withLock { state in
+            if state.finished { return true }
+            state.onFinish.append(action)
+            return false
+        }
+        if runNow { action() }
+    }
+
+    @discardableResult
+    func resume(returning message: Message) -> Bool {
+        finish(.success(message))
+    }
+
+    @discardableResult
+    func resume(throwing error: any Error) -> Bool {
+        finish(.failure(error))
+    }
+
+    private func finish(_ result: Result<Message, any Error>) -> Bool {
+        let (won, continuation, actions) = state.withLock { state -> (Bool, CheckedContinuation<Message, any Error>?, [@Sendable () -> Void]) in
+            guard !state.finished else { return (false, nil, []) }
+            state.finished = true
+            let actions = state.onFinish
+            state.onFinish = []
+            if let continuation = state.continuation {
+                state.continuation = nil
+                return (true, continuation, actions)
+            }
+            state.early = result
+            return (true, nil, actions)
+        }
+        continuation?.resume(with: result)
+        for action in actions { action() }
+        return won
+    }
+}

@@ -1,0 +1,155 @@
+import Foundation
+
+/// Where a socket binds or connects, such as `tcp://127.0.0.1:7101`.
+///
+/// The in-process bus uses the same strings as names, so configuration is the same for both.
+public struct Endpoint: RawRepresentable, Hashable, Sendable, ExpressibleByStringLiteral,
+    CustomStringConvertible
+{
+    public var rawValue: String
+    public init(rawValue: String) { self.rawValue = rawValue }
+    public init(_ rawValue: String) { self.rawValue = rawValue }
+    public init(stringLiteral value: String) { self.rawValue = value }
+    public var description: String { rawValue }
+}
+
+/// Size limits for what an endpoint accepts.
+public struct MessageLimits: Sendable, Hashable {
+    /// The largest JSON envelope frame accepted.
+    public var maxEnvelopeBytes: Int
+    /// The largest binary frame accepted; 0 means the endpoint takes no binary frame.
+    public var maxAttachmentBytes: Int
+    /// How many received requests (or events) may wait for the handler before new ones are
+    /// refused with `overloaded` (or, for events, counted as dropped).
+    public var queueLimit: Int
+
+    public init(maxEnvelopeBytes: Int = 64 * 1024, maxAttachmentBytes: Int = 0, queueLimit: Int = 4096) {
+        self.maxEnvelopeBytes = maxEnvelopeBytes
+        self.maxAttachmentBytes = maxAttachmentBytes
+        self.queueLimit = queueLimit
+    }
+
+    /// The hard cap a transport may enforce below the application limits (such as
+    /// `ZMQ_MAXMSGSIZE`): anything larger is cut off rather than answered.
+    public var transportCap: Int {
+        max(maxEnvelopeBytes, maxAttachmentBytes) + 1024 * 1024
+    }
+}
+
+/// A message to send: the JSON envelope bytes and at most one binary frame.
+public struct OutgoingMessage: Sendable {
+    /// The topic frame of an event; `nil` on requests and replies.
+    public var topic: String?
+    /// The JSON envelope.
+    public var body: Data
+    /// Raw bytes sent as a frame of their own after the envelope (an image, for example).
+    public var attachment: Data?
+
+    public init(topic: String? = nil, body: Data, attachment: Data? = nil) {
+        self.topic = topic
+        self.body = body
+        self.attachment = attachment
+    }
+
+    /// Encodes `envelope` as the body.
+    public init<Payload>(topic: String? = nil, _ envelope: Envelope<Payload>, attachment: Data? = nil) throws {
+        self.init(topic: topic, body: try envelope.encoded(), attachment: attachment)
+    }
+}
+
+/// A message received from the bus, with its header already read.
+public struct Message: Sendable {
+    /// The topic frame, on events.
+    public var topic: String?
+    public var header: EnvelopeHeader
+    /// The whole JSON envelope as received.
+    public var body: Data
+    /// The binary frame after the envelope, if there was one.
+    public var attachment: Data?
+
+    public init(topic: String? = nil, header: EnvelopeHeader, body: Data, attachment: Data? = nil) {
+        self.topic = topic
+        self.header = header
+        self.body = body
+        self.attachment = attachment
+    }
+
+    /// Reads the header of a received envelope.
+    ///
+    /// - Throws: ``ServiceError`` with `invalidMessage` when `body` is not a JSON envelope, or
+    ///   `unsupportedVersion` when its version is not ``EnvelopeHeader/currentVersion``.
+    public init(topic: String? = nil, body: Data, attachment: Data? = nil) throws(ServiceError) {
+        let header: EnvelopeHeader
+        do {
+            header = try WireFormat.decoder().decode(EnvelopeHeader.self, from: body)
+        } catch {
+            throw ServiceError(.invalidMessage, "The message is not a JSON envelope: \(Self.explain(error))")
+        }
+        guard header.version == EnvelopeHeader.currentVersion else {
+            throw ServiceError(
+                .unsupportedVersion,
+                "Envelope version \(header.version) is not supported; this service speaks version \(EnvelopeHeader.currentVersion)."
+            )
+        }
+        self.init(topic: topic, header: header, body: body, attachment: attachment)
+    }
+
+    /// Decodes the payload as `Payload`.
+    ///
+    /// - Throws: ``ServiceError`` with `invalidMessage`, naming the field that is wrong.
+    public func payload<Payload: Codable & Sendable>(as _: Payload.Type = Payload.self) throws(ServiceError) -> Payload {
+        do {
+            return try WireFormat.decoder().decode(Envelope<Payload>.self, from: body).payload
+        } catch {
+            throw ServiceError(
+                .invalidMessage, "The payload of a \(header.type) message is not valid: \(Self.explain(error))")
+        }
+    }
+
+    /// When this message is an error reply, the error it carries.
+    public var serviceError: ServiceError? {
+        guard header.type == ServiceError.messageType else { return nil }
+        return (try? payload(as: ServiceError.self))
+            ?? ServiceError(.invalidMessage, "An error reply from \(header.source) could not be read.")
+    }
+
+    static func explain(_ error: any Error) -> String {
+        switch error {
+        case DecodingError.keyNotFound(let key, let context):
+            return "missing field \(path(context.codingPath + [key]))"
+        case DecodingError.typeMismatch(_, let context), DecodingError.valueNotFound(_, let context):
+            return "field \(path(context.codingPath)) has the wrong type"
+        case DecodingError.dataCorrupted(let context):
+            return context.codingPath.isEmpty ? "malformed JSON" : "field \(path(context.codingPath)) is not valid"
+        default:
+            return "\(error)"
+        }
+    }
+
+    private static func path(_ keys: [any CodingKey]) -> String {
+        let joined = keys.map { $0.intValue.map { "[\($0)]" } ?? $0.stringValue }.joined(separator: ".")
+        return "'\(joined)'"
+    }
+}
+
+extension Message {
+    /// Makes the reply envelope header for this request.
+    public func replyHeader(type: String, source: String) -> EnvelopeHeader {
+        EnvelopeHeader(type: type, source: source, correlationId: header.id, uid: header.uid)
+    }
+
+    /// Builds the error reply to this request.
+    public func errorReply(_ error: ServiceError, source: String) -> OutgoingMessage {
+        Self.errorReply(error, correlationId: header.id, source: source)
+    }
+
+    /// Builds an error reply when the request could not even be read.
+    public static func errorReply(_ error: ServiceError, correlationId: String?, source: String) -> OutgoingMessage {
+        let envelope = Envelope(
+            header: EnvelopeHeader(type: ServiceError.messageType, source: source, correlationId: correlationId),
+            payload: error
+        )
+        // Encoding a ServiceError cannot fail: it is strings only.
+        return OutgoingMessage(body: (try? envelope.encoded()) ?? Data())
+    }
+}

@@ -1,0 +1,161 @@
+import Foundation
+
+/// Publish/subscribe and request/reply between processes (or within one, for tests).
+///
+/// Two implementations exist: `ZeroMQBus` (module `ZeroMQMessaging`) for real deployments and
+/// ``InProcessBus`` for tests. One contract test suite runs against both, so they behave alike:
+///
+/// - **Events.** A publisher binds an endpoint; subscribers connect to one or more endpoints and
+///   receive the messages whose topic starts with one of their topic prefixes. Delivery is
+///   best effort, as with ZeroMQ PUB/SUB: a subscriber only sees what is published after it has
+///   joined, and one that falls more than ``MessageLimits/queueLimit`` behind loses the newest
+///   messages (counted in ``BusStatistics/droppedEvents``). Every event carries a per-publisher
+///   sequence number so that a subscriber can see a gap and ask the publisher for what it missed.
+/// - **Requests.** A server binds an endpoint and answers requests; a caller sends a request and
+///   gets the reply, or a ``ServiceError``: `timeout` when no reply came in time (the server may
+///   or may not have acted), `noResponder` when nothing listens at the endpoint. A request that
+///   the server cannot read is answered by the bus itself with `invalidMessage`,
+///   `unsupportedVersion`, `unexpectedFrames` or `messageTooLarge`; one that arrives while the
+///   server's queue is full is answered with `overloaded`.
+///
+/// All methods may be called from any task; none blocks a thread.
+public protocol MessageBus: Sendable {
+    /// Binds a publisher at `endpoint`.
+    ///
+    /// - Throws: ``ServiceError`` with `addressInUse` or `invalidEndpoint`.
+    func publisher(at endpoint: Endpoint) async throws -> any EventPublisher
+
+    /// Connects to the publishers at `endpoints` and returns the events whose topic starts with
+    /// one of `topics` (an empty string matches every topic).
+    ///
+    /// The subscription ends when the returned sequence is no longer iterated (the iterating task
+    /// is cancelled or the sequence is dropped). Events that cannot be read are dropped and counted.
+    func subscribe(to endpoints: [Endpoint], topics: [String], limits: MessageLimits) async throws -> AsyncStream<Message>
+
+    /// Binds a request server at `endpoint` and returns the requests that arrive.
+    ///
+    /// Stop iterating the sequence to unbind.
+    /// - Throws: ``ServiceError`` with `addressInUse` or `invalidEndpoint`.
+    func serve(at endpoint: Endpoint, limits: MessageLimits) async throws -> AsyncStream<IncomingRequest>
+
+    /// Sends `message` to the server at `endpoint` and waits up to `timeout` for its reply.
+    ///
+    /// Returns the reply as the server sent it, error replies included (see ``Message/serviceError``).
+    /// - Throws: ``ServiceError`` with `timeout`, `noResponder`, `messageTooLarge`, `closed`, or
+    ///   `invalidMessage` when the reply cannot be read. Cancelling the calling task throws
+    ///   `CancellationError`.
+    func request(_ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration) async throws -> Message
+
+    /// What the bus has counted so far.
+    var statistics: BusStatistics { get }
+}
+
+/// Sends events from one bound endpoint.
+public protocol EventPublisher: Sendable {
+    /// The endpoint this publisher is bound to.
+    var endpoint: Endpoint { get }
+
+    /// Queues `message` for every current subscriber whose prefix matches `message.topic`.
+    ///
+    /// Never blocks. - Throws: ``ServiceError`` with `closed` after ``close()``, or
+    /// `invalidMessage` when `message.topic` is `nil`.
+    func publish(_ message: OutgoingMessage) throws
+
+    /// Unbinds. Later calls to ``publish(_:)`` throw `closed`.
+    func close()
+}
+
+/// A request received by a server, with the means to answer it once.
+public struct IncomingRequest: Sendable {
+    public let message: Message
+    private let responder: @Sendable (OutgoingMessage) -> Void
+
+    public init(message: Message, responder: @escaping @Sendable (OutgoingMessage) -> Void) {
+        self.message = message
+        self.responder = responder
+    }
+
+    /// Sends `reply` to the caller. Only the first reply to a request is delivered.
+    public func reply(_ reply: OutgoingMessage) {
+        responder(reply)
+    }
+
+    /// Replies with `payload` in an envelope of type `type` that answers this request.
+    public func reply<Payload: Codable & Sendable>(type: String, source: String, payload: Payload, attachment: Data? = nil) {
+        let envelope = Envelope(header: message.replyHeader(type: type, source: source), payload: payload)
+        do {
+            reply(OutgoingMessage(body: try envelope.encoded(), attachment: attachment))
+        } catch {
+            fail(ServiceError(.internalError, "The reply could not be encoded: \(error)"), source: source)
+        }
+    }
+
+    /// Replies with an error.
+    public func fail(_ error: ServiceError, source: String) {
+        reply(message.errorReply(error, source: source))
+    }
+}
+
+/// Counts kept by a bus, for logs, health replies and tests.
+public struct BusStatistics: Sendable, Hashable, Codable {
+    /// Events that a subscriber's queue had no room for.
+    public var droppedEvents: Int = 0
+    /// Events that arrived but could not be read.
+    public var unreadableEvents: Int = 0
+    /// Requests refused because the server's queue was full.
+    public var overloadedRequests: Int = 0
+    /// Requests refused because they could not be read or broke a limit.
+    public var rejectedRequests: Int = 0
+    /// Replies that arrived after their caller had given up.
+    public var lateReplies: Int = 0
+
+    public init() {}
+}
+
+extension ErrorCode {
+    /// Another socket is already bound at the endpoint.
+    public static let addressInUse: ErrorCode = "addressInUse"
+    /// The endpoint is not one this bus can use.
+    public static let invalidEndpoint: ErrorCode = "invalidEndpoint"
+}
+
+extension MessageLimits {
+    /// Checks the frames of a received request against these limits.
+    ///
+    /// - Parameters:
+    ///   - envelopeBytes: the size of the JSON frame.
+    ///   - attachmentBytes: the size of the binary frame, or `nil` when there is none.
+    ///   - extraFrames: how many frames came after the binary one.
+    /// - Returns: the error to answer with, or `nil` when the request is within limits.
+    public func violation(envelopeBytes: Int, attachmentBytes: Int?, extraFrames: Int) -> ServiceError? {
+        if envelopeBytes > maxEnvelopeBytes {
+            return ServiceError(
+                .messageTooLarge,
+                "The envelope is \(envelopeBytes) bytes; this endpoint accepts at most \(maxEnvelopeBytes).")
+        }
+        if extraFrames > 0 {
+            return ServiceError(
+                .unexpectedFrames,
+                "A request has one JSON frame and at most one binary frame; this one had \(extraFrames) more.")
+        }
+        if let attachmentBytes {
+            if maxAttachmentBytes == 0 {
+                return ServiceError(.unexpectedFrames, "This endpoint takes no binary frame; send the JSON envelope alone.")
+            }
+            if attachmentBytes > maxAttachmentBytes {
+                return ServiceError(
+                    .messageTooLarge,
+                    "The binary frame is \(attachmentBytes) bytes; this endpoint accepts at most \(maxAttachmentBytes).")
+            }
+        }
+        return nil
+    }
+}
+
+extension String {
+    /// Whether a subscription to `prefix` receives an event with this topic.
+    @inlinable
+    public func matchesTopicPrefix(_ prefix: String) -> Bool {
+        prefix.isEmpty || self.utf8.starts(with: prefix.utf8)
+    }
+}
