@@ -1,0 +1,424 @@
+import Foundation
+import Messaging
+
+/// A request a service answers: its envelope `type` and the payload type of its reply.
+///
+/// A successful reply has type `"<type>.reply"`; a refusal has type `"error"` and a
+/// ``ServiceError`` payload.
+public protocol APIRequest: Codable, Sendable {
+    associatedtype Response: Codable & Sendable
+    static var type: String { get }
+}
+
+extension APIRequest {
+    public static var replyType: String { type + ".reply" }
+}
+
+/// An event a service publishes: its envelope `type`, which is also its topic.
+public protocol APIEvent: Codable, Sendable {
+    static var type: String { get }
+}
+
+/// The empty reply of requests that return nothing but success.
+public struct Acknowledged: Codable, Sendable, Hashable {
+    public init() {}
+}
+
+// MARK: - Every service
+
+/// `health`: answered by every service, so scripts can wait until it is up.
+public struct HealthCheck: APIRequest {
+    public typealias Response = HealthStatus
+    public static let type = "health"
+    public init() {}
+}
+
+public struct HealthStatus: Codable, Sendable, Hashable {
+    public var service: String
+    /// Always `ok` when the service answers at all.
+    public var status: String
+    public var startedAt: String
+    public var statistics: BusStatistics
+
+    public init(service: String, status: String = "ok", startedAt: String, statistics: BusStatistics) {
+        self.service = service
+        self.status = status
+        self.startedAt = startedAt
+        self.statistics = statistics
+    }
+}
+
+// MARK: - auth
+
+/// The social providers a person can sign in with.
+public enum Provider: String, Codable, Sendable, CaseIterable {
+    case google, apple, kakao, naver
+}
+
+/// `auth.signIn`: turns a provider account into a uid and a new session.
+public struct SignIn: APIRequest {
+    public typealias Response = SignInResult
+    public static let type = "auth.signIn"
+
+    public var provider: Provider
+    /// The provider's stable id for the account (the ID token's `sub`).
+    public var subject: String
+    /// The provider's ID token. Required unless auth runs in local dev mode, which accepts a
+    /// subject without one.
+    public var idToken: String?
+
+    public init(provider: Provider, subject: String, idToken: String? = nil) {
+        self.provider = provider
+        self.subject = subject
+        self.idToken = idToken
+    }
+}
+
+public struct SignInResult: Codable, Sendable, Hashable {
+    public var uid: String
+    /// Carry this in `sessionToken` of every later user-scoped request.
+    public var sessionToken: String
+    public var provider: Provider
+    public var isNewAccount: Bool
+
+    public init(uid: String, sessionToken: String, provider: Provider, isNewAccount: Bool) {
+        self.uid = uid
+        self.sessionToken = sessionToken
+        self.provider = provider
+        self.isNewAccount = isNewAccount
+    }
+}
+
+/// `auth.signOut`: ends the session named by the envelope's `sessionToken`.
+public struct SignOut: APIRequest {
+    public typealias Response = AccountResult
+    public static let type = "auth.signOut"
+    public init() {}
+}
+
+/// `auth.withdraw`: deletes the account of the envelope's `sessionToken`, and with it every
+/// session; the orchestrator then deletes the profile and images.
+public struct Withdraw: APIRequest {
+    public typealias Response = AccountResult
+    public static let type = "auth.withdraw"
+    public init() {}
+}
+
+public struct AccountResult: Codable, Sendable, Hashable {
+    public var uid: String
+    public init(uid: String) { self.uid = uid }
+}
+
+/// `auth.verifySession`: which uid a session token belongs to (for other services).
+public struct VerifySession: APIRequest {
+    public typealias Response = AccountResult
+    public static let type = "auth.verifySession"
+
+    public var sessionToken: String
+    public init(sessionToken: String) { self.sessionToken = sessionToken }
+}
+
+/// `auth.signedIn`
+public struct SignedIn: APIEvent, Hashable {
+    public static let type = "auth.signedIn"
+    public var uid: String
+    public var provider: Provider
+    public var isNewAccount: Bool
+
+    public init(uid: String, provider: Provider, isNewAccount: Bool) {
+        self.uid = uid
+        self.provider = provider
+        self.isNewAccount = isNewAccount
+    }
+}
+
+/// `auth.signedOut`
+public struct SignedOut: APIEvent, Hashable {
+    public static let type = "auth.signedOut"
+    public var uid: String
+    public init(uid: String) { self.uid = uid }
+}
+
+/// `auth.withdrawn`
+public struct Withdrawn: APIEvent, Hashable {
+    public static let type = "auth.withdrawn"
+    public var uid: String
+    public init(uid: String) { self.uid = uid }
+}
+
+// MARK: - profile
+
+public struct Profile: Codable, Sendable, Hashable {
+    public var uid: String
+    /// As entered, in NFC.
+    public var username: String
+    /// The path image-upload returned, if the person chose an image.
+    public var imagePath: String?
+    public var createdAt: String
+    public var updatedAt: String
+
+    public init(uid: String, username: String, imagePath: String?, createdAt: String, updatedAt: String) {
+        self.uid = uid
+        self.username = username
+        self.imagePath = imagePath
+        self.createdAt = createdAt
+        self.updatedAt = updatedAt
+    }
+}
+
+/// `profile.get`: the person's profile, or `profile: null` when there is none (a normal
+/// answer, not an error).
+public struct GetProfile: APIRequest {
+    public typealias Response = ProfileResult
+    public static let type = "profile.get"
+    public init() {}
+}
+
+public struct ProfileResult: Codable, Sendable, Hashable {
+    public var profile: Profile?
+    public init(profile: Profile?) { self.profile = profile }
+}
+
+/// `profile.create`: the person's first profile (onboarding).
+public struct CreateProfile: APIRequest {
+    public typealias Response = ProfileResult
+    public static let type = "profile.create"
+
+    public var username: String
+    public var imagePath: String?
+
+    public init(username: String, imagePath: String? = nil) {
+        self.username = username
+        self.imagePath = imagePath
+    }
+}
+
+/// `profile.update`: changes the fields given; absent fields stay as they are.
+public struct UpdateProfile: APIRequest {
+    public typealias Response = ProfileResult
+    public static let type = "profile.update"
+
+    public var username: String?
+    public var imagePath: String?
+
+    public init(username: String? = nil, imagePath: String? = nil) {
+        self.username = username
+        self.imagePath = imagePath
+    }
+}
+
+/// Why a profile was deleted.
+public enum DeletionReason: String, Codable, Sendable {
+    /// The person (or an operator) deleted it; the account stays, so onboarding starts again.
+    case request
+    /// The account was withdrawn.
+    case withdrawal
+}
+
+/// `profile.delete`
+public struct DeleteProfile: APIRequest {
+    public typealias Response = DeleteProfileResult
+    public static let type = "profile.delete"
+
+    public var reason: DeletionReason
+    public init(reason: DeletionReason = .request) { self.reason = reason }
+}
+
+public struct DeleteProfileResult: Codable, Sendable, Hashable {
+    /// `false` when there was no profile to delete.
+    public var deleted: Bool
+    public init(deleted: Bool) { self.deleted = deleted }
+}
+
+/// `profile.checkUsername`: whether a username could be claimed now.
+public struct CheckUsername: APIRequest {
+    public typealias Response = UsernameAvailability
+    public static let type = "profile.checkUsername"
+
+    public var username: String
+    public init(username: String) { self.username = username }
+}
+
+public struct UsernameAvailability: Codable, Sendable, Hashable {
+    /// The name in the form it would be stored (NFC).
+    public var username: String
+    public var available: Bool
+    /// Why it is not available.
+    public var reason: UsernameProblem?
+
+    public init(username: String, available: Bool, reason: UsernameProblem?) {
+        self.username = username
+        self.available = available
+        self.reason = reason
+    }
+}
+
+/// `profile.evictCache`: forget the cached profile of the envelope's `uid` (sign-out).
+public struct EvictCachedProfile: APIRequest {
+    public typealias Response = Acknowledged
+    public static let type = "profile.evictCache"
+    public init() {}
+}
+
+/// `profile.created`
+public struct ProfileCreated: APIEvent, Hashable {
+    public static let type = "profile.created"
+    public var profile: Profile
+    public init(profile: Profile) { self.profile = profile }
+}
+
+/// `profile.updated`
+public struct ProfileUpdated: APIEvent, Hashable {
+    public static let type = "profile.updated"
+    public var profile: Profile
+    public init(profile: Profile) { self.profile = profile }
+}
+
+/// `profile.deleted`
+public struct ProfileDeleted: APIEvent, Hashable {
+    public static let type = "profile.deleted"
+    public var uid: String
+    public var reason: DeletionReason
+    public init(uid: String, reason: DeletionReason) {
+        self.uid = uid
+        self.reason = reason
+    }
+}
+
+// MARK: - image-upload
+
+/// The image kinds accepted, judged by their first bytes.
+public enum ImageKind: String, Codable, Sendable, CaseIterable {
+    case png, jpeg, webp, heic
+
+    public var fileExtension: String { rawValue }
+}
+
+/// `image.upload`: the image bytes travel as the binary frame after the envelope.
+public struct UploadImage: APIRequest {
+    public typealias Response = StoredImage
+    public static let type = "image.upload"
+
+    /// What the sender says the bytes are. Informational only: the bytes decide.
+    public var contentType: String?
+    public init(contentType: String? = nil) { self.contentType = contentType }
+}
+
+public struct StoredImage: Codable, Sendable, Hashable {
+    /// Where the image is stored, relative to image-upload's data directory: `<uid>/<file>`.
+    public var path: String
+    public var kind: ImageKind
+    public var bytes: Int
+
+    public init(path: String, kind: ImageKind, bytes: Int) {
+        self.path = path
+        self.kind = kind
+        self.bytes = bytes
+    }
+}
+
+/// `image.delete`: one image of the envelope's `uid`.
+public struct DeleteImage: APIRequest {
+    public typealias Response = DeletedImages
+    public static let type = "image.delete"
+
+    public var path: String
+    public init(path: String) { self.path = path }
+}
+
+/// `image.deleteAll`: every image of the envelope's `uid`.
+public struct DeleteAllImages: APIRequest {
+    public typealias Response = DeletedImages
+    public static let type = "image.deleteAll"
+    public init() {}
+}
+
+public struct DeletedImages: Codable, Sendable, Hashable {
+    public var deleted: Int
+    public init(deleted: Int) { self.deleted = deleted }
+}
+
+// MARK: - onboarding-orchestrator
+
+/// `onboarding.check`: "check me now", sent by the app whenever Home appears. Answered with the
+/// decision; when the profile is missing, `presentProfileSetup` is also emitted on the route topic.
+public struct CheckOnboarding: APIRequest {
+    public typealias Response = OnboardingStatus
+    public static let type = "onboarding.check"
+    public init() {}
+}
+
+public struct OnboardingStatus: Codable, Sendable, Hashable {
+    public var uid: String
+    public var hasProfile: Bool
+    /// `presentProfileSetup` when the profile is missing, otherwise `null`.
+    public var intent: RouteIntent.Kind?
+
+    public init(uid: String, hasProfile: Bool, intent: RouteIntent.Kind?) {
+        self.uid = uid
+        self.hasProfile = hasProfile
+        self.intent = intent
+    }
+}
+
+/// `onboarding.setUpProfile`: upload the optional image (binary frame), create the profile,
+/// then emit `dismiss`.
+public struct SetUpProfile: APIRequest {
+    public typealias Response = ProfileResult
+    public static let type = "onboarding.setUpProfile"
+
+    public var username: String
+    /// What the sender says the image is. Informational only: the bytes decide.
+    public var contentType: String?
+
+    public init(username: String, contentType: String? = nil) {
+        self.username = username
+        self.contentType = contentType
+    }
+}
+
+/// `route.intent`, published on topic `route.<uid>`: what the app should show.
+public struct RouteIntent: APIEvent, Hashable {
+    public static let type = "route.intent"
+
+    public enum Kind: String, Codable, Sendable, CaseIterable {
+        /// The person has no profile: ask them to set one up.
+        case presentProfileSetup
+        /// The profile now exists: take the set-up away.
+        case dismiss
+    }
+
+    public enum Reason: String, Codable, Sendable, CaseIterable {
+        /// Right after signing in.
+        case signedIn
+        /// The app asked ("check me now").
+        case checkRequested
+        /// The profile was created.
+        case profileCreated
+        /// The profile was deleted while the account stays.
+        case profileDeleted
+    }
+
+    /// Stable for one decision, so an app that receives an intent twice can tell.
+    public var intentId: String
+    public var uid: String
+    public var intent: Kind
+    public var reason: Reason
+
+    public init(intentId: String, uid: String, intent: Kind, reason: Reason) {
+        self.intentId = intentId
+        self.uid = uid
+        self.intent = intent
+        self.reason = reason
+    }
+}
+
+/// The topic scheme.
+public enum Topics {
+    /// The prefix of every route topic: subscribe to it to see every person's intents.
+    public static let routePrefix = "route."
+
+    /// One person's route topic. Uids are fixed-length (lowercase UUIDs), so no person's topic
+    /// is a prefix of another's.
+    public static func route(uid: String) -> String { routePrefix + uid }
+}

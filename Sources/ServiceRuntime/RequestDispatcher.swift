@@ -1,0 +1,141 @@
+import Foundation
+import Logging
+import Messaging
+import OnboardingAPI
+
+/// Who may make a request.
+public enum Access: Sendable {
+    /// Anyone: no person is involved (`auth.signIn`, `profile.checkUsername`, `health`).
+    case open
+    /// An app acting for a person: the envelope must carry a valid `sessionToken`; the uid is
+    /// the session's, whatever the envelope's `uid` says.
+    case session
+    /// Another service of ours: the envelope's `uid` names the person and is trusted.
+    case service
+    /// Either of the two above: a `sessionToken` when there is one, otherwise the `uid`.
+    case sessionOrService
+}
+
+/// Whether a request takes a binary frame.
+public enum AttachmentRule: Sendable {
+    case none
+    case optional
+    case required
+}
+
+/// What a handler knows about the request it handles.
+public struct RequestContext: Sendable {
+    public let message: Message
+    /// The person the request is for: verified from the session, or named by a trusted service.
+    /// `nil` only for ``Access/open`` requests.
+    public let uid: String?
+    /// The binary frame, if the request had one.
+    public var attachment: Data? { message.attachment }
+
+    /// The uid of a request that must have one.
+    public func requireUID() throws -> String {
+        guard let uid else {
+            throw ServiceError(.invalidRequest, "This request must name a person (the envelope's uid).")
+        }
+        return uid
+    }
+}
+
+/// Answers requests by their type: decodes the payload, checks access and frames, runs the
+/// handler, and replies with its result or its ``ServiceError``. Unknown types get `unknownType`.
+///
+/// Build it once with ``on(_:access:attachment:_:)``, then hand it to a ``RequestServer``. It
+/// answers `health` by itself.
+public struct RequestDispatcher: Sendable {
+    public typealias Handler = @Sendable (IncomingRequest) async -> Void
+
+    public let source: String
+    private let sessions: (any SessionVerifier)?
+    private let logger: Logger
+    private var handlers: [String: Handler] = [:]
+    private let startedAt = Timestamp.now()
+
+    /// - Parameter sessions: verifies session tokens; required when any route uses
+    ///   ``Access/session`` or ``Access/sessionOrService``.
+    public init(source: String, sessions: (any SessionVerifier)?, logger: Logger) {
+        self.source = source
+        self.sessions = sessions
+        self.logger = logger
+    }
+
+    /// Adds the handler for requests of type `Request.type`.
+    public mutating func on<Request: APIRequest>(
+        _: Request.Type,
+        access: Access,
+        attachment: AttachmentRule = .none,
+        _ handler: @escaping @Sendable (Request, RequestContext) async throws -> Request.Response
+    ) {
+        let source = self.source
+        let sessions = self.sessions
+        let logger = self.logger
+        handlers[Request.type] = { incoming in
+            do {
+                let message = incoming.message
+                switch (attachment, message.attachment) {
+                case (.none, .some):
+                    throw ServiceError(.unexpectedFrames, "\(Request.type) takes no binary frame; send the envelope alone.")
+                case (.required, .none):
+                    throw ServiceError(.unexpectedFrames, "\(Request.type) needs the data as a binary frame after the envelope.")
+                default:
+                    break
+                }
+                let request = try message.payload(as: Request.self)
+                let uid = try await Self.resolveUID(message: message, access: access, sessions: sessions)
+                let response = try await handler(request, RequestContext(message: message, uid: uid))
+                incoming.reply(type: Request.replyType, source: source, payload: response)
+            } catch let error as ServiceError {
+                incoming.fail(error, source: source)
+            } catch {
+                logger.error("\(Request.type) failed: \(error)", metadata: ["id": "\(incoming.message.header.id)"])
+                incoming.fail(ServiceError(.internalError, "\(Request.type) failed inside \(source); see its log."), source: source)
+            }
+        }
+    }
+
+    private static func resolveUID(message: Message, access: Access, sessions: (any SessionVerifier)?) async throws -> String? {
+        func verifiedSession() async throws -> String {
+            guard let token = message.header.sessionToken, !token.isEmpty else {
+                throw ServiceError(.unauthenticated, "This request needs the sessionToken from auth.signIn. Sign in first.")
+            }
+            guard let sessions else {
+                throw ServiceError(.internalError, "This service cannot verify sessions.")
+            }
+            return try await sessions.uid(forSessionToken: token)
+        }
+        func namedByService() throws -> String {
+            guard let uid = message.header.uid, !uid.isEmpty else {
+                throw ServiceError(.invalidRequest, "This request must name a person in the envelope's uid.")
+            }
+            return uid
+        }
+        switch access {
+        case .open: return message.header.uid
+        case .session: return try await verifiedSession()
+        case .service: return try namedByService()
+        case .sessionOrService:
+            return message.header.sessionToken == nil ? try namedByService() : try await verifiedSession()
+        }
+    }
+
+    /// Answers one request. Never throws: every failure becomes an error reply.
+    public func handle(_ request: IncomingRequest, statistics: @autoclosure () -> BusStatistics = BusStatistics()) async {
+        let type = request.message.header.type
+        if type == HealthCheck.type {
+            request.reply(
+                type: HealthCheck.replyType, source: source,
+                payload: HealthStatus(service: source, startedAt: startedAt, statistics: statistics()))
+            return
+        }
+        guard let handler = handlers[type] else {
+            let known = ([HealthCheck.type] + handlers.keys).sorted().joined(separator: ", ")
+            request.fail(ServiceError(.unknownType, "\(source) does not answer \(type). It answers: \(known)."), source: source)
+            return
+        }
+        await handler(request)
+    }
+}

@@ -1,0 +1,46 @@
+import Messaging
+import OnboardingAPI
+
+/// Turns a session token into the uid it belongs to.
+public protocol SessionVerifier: Sendable {
+    /// - Throws: ``ServiceError`` `unauthenticated` for a token that is not a live session, or
+    ///   `dependencyUnavailable` when the answer could not be had.
+    func uid(forSessionToken token: String) async throws -> String
+}
+
+/// Asks auth (`auth.verifySession`) for every token.
+public struct RemoteSessionVerifier: SessionVerifier {
+    public let bus: any MessageBus
+    public let authEndpoint: Endpoint
+    public let source: String
+    public let timeout: Duration
+
+    public init(bus: any MessageBus, authEndpoint: Endpoint, source: String, timeout: Duration = .seconds(2)) {
+        self.bus = bus
+        self.authEndpoint = authEndpoint
+        self.source = source
+        self.timeout = timeout
+    }
+
+    public func uid(forSessionToken token: String) async throws -> String {
+        do {
+            return try await bus.call(
+                VerifySession(sessionToken: token), to: authEndpoint, source: source, timeout: timeout
+            ).uid
+        } catch let error as ServiceError where error.code == .unauthenticated {
+            throw error
+        } catch let error as ServiceError {
+            throw ServiceError.dependency("auth", error)
+        }
+    }
+}
+
+extension ServiceError {
+    /// The error to answer with when a service this one depends on failed.
+    public static func dependency(_ service: String, _ cause: ServiceError) -> ServiceError {
+        ServiceError(
+            .dependencyUnavailable,
+            "\(service) could not be reached (\(cause.code): \(cause.message)). Nothing was lost; try again.",
+            reason: service)
+    }
+}
