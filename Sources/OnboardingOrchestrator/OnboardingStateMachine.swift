@@ -1,0 +1,231 @@
+import Messaging
+import OnboardingAPI
+
+/// The orchestrator's decisions, as a value: feed it what happened, get back what to do.
+///
+/// It never performs I/O; ``OnboardingOrchestrator`` carries out the actions and feeds their
+/// outcomes back in. Its rules come from `shared/domain.md`:
+/// - signed in, or "check me now": ask the profile store; no profile → `presentProfileSetup`;
+///   a profile → nothing. A failed check is retried with backoff and never decides on a guess.
+/// - profile created → `dismiss` (once, however many times it is reported); profile deleted
+///   while the account stays → `presentProfileSetup`.
+/// - signed out → forget the person and clear their cached profile; withdrawn → delete the
+///   profile and every image, retrying each until it is done.
+///
+/// A check's answer that arrives after a profile event has overtaken it is ignored, so a stale
+/// "no profile" can never follow a `dismiss`.
+public struct OnboardingStateMachine: Sendable {
+    public typealias CheckID = UInt64
+    public typealias WaiterID = UInt64
+
+    /// What the orchestrator has learnt.
+    public enum Input: Sendable, Hashable {
+        case signedIn(uid: String)
+        /// "Check me now"; `waiter` is answered with the decision.
+        case checkRequested(uid: String, waiter: WaiterID)
+        case profileChecked(uid: String, check: CheckID, exists: Bool)
+        case profileCheckFailed(uid: String, check: CheckID, error: ServiceError)
+        case checkRetryDue(uid: String, check: CheckID)
+        case profileCreated(uid: String)
+        case profileDeleted(uid: String, reason: DeletionReason)
+        case signedOut(uid: String)
+        case withdrawn(uid: String)
+        case cleanupFinished(uid: String, step: CleanupStep)
+        case cleanupFailed(uid: String, step: CleanupStep, error: ServiceError)
+        case cleanupRetryDue(uid: String, step: CleanupStep)
+    }
+
+    /// What the orchestrator must do.
+    public enum Action: Sendable, Hashable {
+        /// Ask the profile store whether `uid` has a profile; report with `profileChecked` or
+        /// `profileCheckFailed`.
+        case checkProfile(uid: String, check: CheckID)
+        /// Feed `checkRetryDue` back after `delay`.
+        case retryCheck(uid: String, check: CheckID, delay: Duration, attempt: Int, error: ServiceError)
+        /// Publish a route intent to `uid`.
+        case emit(RouteIntent.Kind, uid: String, reason: RouteIntent.Reason)
+        case answer(waiter: WaiterID, OnboardingStatus)
+        case answerFailure(waiter: WaiterID, ServiceError)
+        /// Tell the profile store to forget its cached copy of `uid`'s profile.
+        case evictProfileCache(uid: String)
+        /// Carry out one step of a withdrawal's clean-up; report with `cleanupFinished` or
+        /// `cleanupFailed`.
+        case cleanUp(uid: String, step: CleanupStep)
+        /// Feed `cleanupRetryDue` back after `delay`.
+        case retryCleanup(uid: String, step: CleanupStep, delay: Duration, attempt: Int, error: ServiceError)
+    }
+
+    /// The parts of a withdrawal's clean-up.
+    public enum CleanupStep: String, Sendable, Hashable, CaseIterable {
+        case deleteProfile
+        case deleteImages
+    }
+
+    /// What is known of a person's profile.
+    public enum ProfileKnowledge: Sendable, Hashable {
+        case unknown, present, absent
+    }
+
+    struct PendingCheck: Sendable, Hashable {
+        var id: CheckID
+        var attempt: Int
+        var reason: RouteIntent.Reason
+        var waiters: [WaiterID]
+    }
+
+    struct Person: Sendable, Hashable {
+        var profile: ProfileKnowledge = .unknown
+        var check: PendingCheck?
+        /// Clean-up steps still to finish, once the person has withdrawn.
+        var cleanup: [CleanupStep: Int]?
+    }
+
+    public var retryPolicy: RetryPolicy
+    private(set) var people: [String: Person] = [:]
+    private var nextCheckID: CheckID = 0
+
+    public init(retryPolicy: RetryPolicy = RetryPolicy()) {
+        self.retryPolicy = retryPolicy
+    }
+
+    /// What is known of `uid`'s profile.
+    public func profileKnowledge(of uid: String) -> ProfileKnowledge {
+        people[uid]?.profile ?? .unknown
+    }
+
+    /// How many people the machine holds state for.
+    public var trackedPeople: Int { people.count }
+
+    public mutating func handle(_ input: Input) -> [Action] {
+        switch input {
+        case .signedIn(let uid):
+            return startCheck(uid: uid, reason: .signedIn, waiter: nil)
+
+        case .checkRequested(let uid, let waiter):
+            return startCheck(uid: uid, reason: .checkRequested, waiter: waiter)
+
+        case .profileChecked(let uid, let check, let exists):
+            guard var person = people[uid], let pending = person.check, pending.id == check else { return [] }
+            person.check = nil
+            person.profile = exists ? .present : .absent
+            people[uid] = person
+            let status = OnboardingStatus(uid: uid, hasProfile: exists, intent: exists ? nil : .presentProfileSetup)
+            var actions: [Action] = exists ? [] : [.emit(.presentProfileSetup, uid: uid, reason: pending.reason)]
+            actions += pending.waiters.map { .answer(waiter: $0, status) }
+            return actions
+
+        case .profileCheckFailed(let uid, let check, let error):
+            guard var person = people[uid], var pending = person.check, pending.id == check else { return [] }
+            let waiters = pending.waiters
+            pending.waiters = []
+            pending.attempt += 1
+            person.check = pending
+            people[uid] = person
+            let failure = ServiceError(
+                .dependencyUnavailable,
+                "The profile check failed (\(error.code)); it is being retried and the answer will arrive on your route topic.",
+                reason: "profile")
+            return waiters.map { .answerFailure(waiter: $0, failure) }
+                + [.retryCheck(uid: uid, check: check, delay: retryPolicy.delay(attempt: pending.attempt - 1), attempt: pending.attempt - 1, error: error)]
+
+        case .checkRetryDue(let uid, let check):
+            guard let pending = people[uid]?.check, pending.id == check else { return [] }
+            return [.checkProfile(uid: uid, check: check)]
+
+        case .profileCreated(let uid):
+            guard var person = people[uid] ?? Person?.some(Person()), person.cleanup == nil else { return [] }
+            let wasPresent = person.profile == .present
+            let waiters = person.check?.waiters ?? []
+            person.profile = .present
+            person.check = nil
+            people[uid] = person
+            let status = OnboardingStatus(uid: uid, hasProfile: true, intent: nil)
+            return (wasPresent ? [] : [.emit(.dismiss, uid: uid, reason: .profileCreated)])
+                + waiters.map { .answer(waiter: $0, status) }
+
+        case .profileDeleted(let uid, let reason):
+            guard reason == .request, var person = people[uid] ?? Person?.some(Person()), person.cleanup == nil else {
+                return []
+            }
+            let waiters = person.check?.waiters ?? []
+            person.profile = .absent
+            person.check = nil
+            people[uid] = person
+            let status = OnboardingStatus(uid: uid, hasProfile: false, intent: .presentProfileSetup)
+            return [.emit(.presentProfileSetup, uid: uid, reason: .profileDeleted)]
+                + waiters.map { .answer(waiter: $0, status) }
+
+        case .signedOut(let uid):
+            let person = people[uid]
+            if person?.cleanup == nil { people[uid] = nil }
+            let failure = ServiceError(.unauthenticated, "You have signed out; sign in again.")
+            return (person?.check?.waiters ?? []).map { .answerFailure(waiter: $0, failure) }
+                + [.evictProfileCache(uid: uid)]
+
+        case .withdrawn(let uid):
+            let person = people[uid]
+            guard person?.cleanup == nil else { return [] }
+            people[uid] = Person(profile: .unknown, check: nil, cleanup: [.deleteProfile: 0, .deleteImages: 0])
+            let failure = ServiceError(.unauthenticated, "This account has been withdrawn.")
+            return (person?.check?.waiters ?? []).map { .answerFailure(waiter: $0, failure) }
+                + CleanupStep.allCases.map { .cleanUp(uid: uid, step: $0) }
+
+        case .cleanupFinished(let uid, let step):
+            guard var person = people[uid], var cleanup = person.cleanup, cleanup[step] != nil else { return [] }
+            cleanup[step] = nil
+            if cleanup.isEmpty {
+                people[uid] = nil
+            } else {
+                person.cleanup = cleanup
+                people[uid] = person
+            }
+            return []
+
+        case .cleanupFailed(let uid, let step, let error):
+            guard var person = people[uid], let attempts = person.cleanup?[step] else { return [] }
+            person.cleanup?[step] = attempts + 1
+            people[uid] = person
+            return [.retryCleanup(uid: uid, step: step, delay: retryPolicy.delay(attempt: attempts), attempt: attempts + 1, error: error)]
+
+        case .cleanupRetryDue(let uid, let step):
+            guard people[uid]?.cleanup?[step] != nil else { return [] }
+            return [.cleanUp(uid: uid, step: step)]
+        }
+    }
+
+    private mutating func startCheck(uid: String, reason: RouteIntent.Reason, waiter: WaiterID?) -> [Action] {
+        var person = people[uid] ?? Person()
+        if person.cleanup != nil {
+            return waiter.map { [.answerFailure(waiter: $0, ServiceError(.unauthenticated, "This account has been withdrawn."))] } ?? []
+        }
+        if var pending = person.check {
+            // A check is already under way: its answer serves this request too.
+            if let waiter { pending.waiters.append(waiter) }
+            pending.reason = reason
+            person.check = pending
+            people[uid] = person
+            return []
+        }
+        nextCheckID += 1
+        person.check = PendingCheck(id: nextCheckID, attempt: 1, reason: reason, waiters: waiter.map { [$0] } ?? [])
+        people[uid] = person
+        return [.checkProfile(uid: uid, check: nextCheckID)]
+    }
+}
+
+/// Exponential backoff: `initial`, doubled each attempt, at most `maximum`.
+public struct RetryPolicy: Sendable, Hashable {
+    public var initial: Duration
+    public var maximum: Duration
+
+    public init(initial: Duration = .milliseconds(100), maximum: Duration = .seconds(5)) {
+        self.initial = initial
+        self.maximum = maximum
+    }
+
+    /// The wait before retry number `attempt` (1 is the first retry).
+    public func delay(attempt: Int) -> Duration {
+        let factor = 1 << min(max(attempt - 1, 0), 20)
+        return min(initial * factor, maximum)
+    }
+}

@@ -1,0 +1,224 @@
+import Messaging
+import OnboardingAPI
+import Testing
+
+@testable import OnboardingOrchestrator
+
+@Suite("The onboarding decisions")
+struct OnboardingStateMachineTests {
+    typealias Machine = OnboardingStateMachine
+    let uid = "0b7f5a5e-6f0e-4d0e-9a61-8f6b1c2d3e4f"
+    let failure = ServiceError(.timeout, "no reply")
+
+    /// Signs `uid` in and returns the id of the check it starts.
+    func signIn(_ machine: inout Machine) -> Machine.CheckID {
+        let actions = machine.handle(.signedIn(uid: uid))
+        guard case .checkProfile(_, let check)? = actions.first, actions.count == 1 else {
+            Issue.record("expected one profile check, got \(actions)")
+            return 0
+        }
+        return check
+    }
+
+    @Test("a person without a profile is asked to set one up")
+    func missingProfile() {
+        var machine = Machine()
+        let check = signIn(&machine)
+        #expect(machine.handle(.profileChecked(uid: uid, check: check, exists: false))
+            == [.emit(.presentProfileSetup, uid: uid, reason: .signedIn)])
+        #expect(machine.profileKnowledge(of: uid) == .absent)
+    }
+
+    @Test("a person with a profile is left where they are")
+    func existingProfile() {
+        var machine = Machine()
+        let check = signIn(&machine)
+        #expect(machine.handle(.profileChecked(uid: uid, check: check, exists: true)).isEmpty)
+        #expect(machine.profileKnowledge(of: uid) == .present)
+    }
+
+    @Test("a failed check is retried with growing delays and decides nothing on a guess")
+    func failedCheckRetries() {
+        var machine = Machine(retryPolicy: RetryPolicy(initial: .milliseconds(100), maximum: .milliseconds(250)))
+        let check = signIn(&machine)
+        var delays: [Duration] = []
+        for _ in 1...3 {
+            let actions = machine.handle(.profileCheckFailed(uid: uid, check: check, error: failure))
+            guard case .retryCheck(_, let retried, let delay, _, _)? = actions.first, actions.count == 1 else {
+                Issue.record("expected a retry, got \(actions)")
+                return
+            }
+            #expect(retried == check)
+            delays.append(delay)
+            #expect(machine.handle(.checkRetryDue(uid: uid, check: check)) == [.checkProfile(uid: uid, check: check)])
+        }
+        #expect(delays == [.milliseconds(100), .milliseconds(200), .milliseconds(250)])
+        #expect(machine.profileKnowledge(of: uid) == .unknown)
+        #expect(machine.handle(.profileChecked(uid: uid, check: check, exists: false))
+            == [.emit(.presentProfileSetup, uid: uid, reason: .signedIn)])
+    }
+
+    @Test("check me now is answered with the decision and joins a check already under way")
+    func checkMeNow() {
+        var machine = Machine()
+        let check = signIn(&machine)
+        #expect(machine.handle(.checkRequested(uid: uid, waiter: 7)).isEmpty)
+        let status = OnboardingStatus(uid: uid, hasProfile: false, intent: .presentProfileSetup)
+        #expect(machine.handle(.profileChecked(uid: uid, check: check, exists: false))
+            == [.emit(.presentProfileSetup, uid: uid, reason: .checkRequested), .answer(waiter: 7, status)])
+    }
+
+    @Test("check me now for a person with a profile answers without an intent")
+    func checkMeNowWithProfile() {
+        var machine = Machine()
+        guard case .checkProfile(_, let check)? = machine.handle(.checkRequested(uid: uid, waiter: 1)).first else {
+            Issue.record("expected a check")
+            return
+        }
+        #expect(machine.handle(.profileChecked(uid: uid, check: check, exists: true))
+            == [.answer(waiter: 1, OnboardingStatus(uid: uid, hasProfile: true, intent: nil))])
+    }
+
+    @Test("a caller waiting on a failed check is told so at once while the retry goes on")
+    func checkMeNowFailure() {
+        var machine = Machine()
+        guard case .checkProfile(_, let check)? = machine.handle(.checkRequested(uid: uid, waiter: 3)).first else {
+            Issue.record("expected a check")
+            return
+        }
+        let actions = machine.handle(.profileCheckFailed(uid: uid, check: check, error: failure))
+        #expect(actions.count == 2)
+        guard case .answerFailure(3, let error)? = actions.first else {
+            Issue.record("expected the caller to be told, got \(actions)")
+            return
+        }
+        #expect(error.code == .dependencyUnavailable)
+        if case .retryCheck? = actions.last {} else { Issue.record("expected a retry, got \(actions)") }
+    }
+
+    @Test("a created profile dismisses the set-up once, however often it is reported")
+    func profileCreatedDismissesOnce() {
+        var machine = Machine()
+        let check = signIn(&machine)
+        _ = machine.handle(.profileChecked(uid: uid, check: check, exists: false))
+        #expect(machine.handle(.profileCreated(uid: uid)) == [.emit(.dismiss, uid: uid, reason: .profileCreated)])
+        #expect(machine.handle(.profileCreated(uid: uid)).isEmpty)
+    }
+
+    @Test("a stale 'no profile' answer cannot follow a dismiss")
+    func staleCheckIgnored() {
+        var machine = Machine()
+        let check = signIn(&machine)
+        #expect(machine.handle(.profileCreated(uid: uid)) == [.emit(.dismiss, uid: uid, reason: .profileCreated)])
+        #expect(machine.handle(.profileChecked(uid: uid, check: check, exists: false)).isEmpty)
+        #expect(machine.profileKnowledge(of: uid) == .present)
+    }
+
+    @Test("a profile deleted while the account stays starts onboarding again")
+    func profileDeleted() {
+        var machine = Machine()
+        _ = machine.handle(.profileCreated(uid: uid))
+        #expect(machine.handle(.profileDeleted(uid: uid, reason: .request))
+            == [.emit(.presentProfileSetup, uid: uid, reason: .profileDeleted)])
+        #expect(machine.handle(.profileCreated(uid: uid)) == [.emit(.dismiss, uid: uid, reason: .profileCreated)])
+    }
+
+    @Test("signing out clears the cached profile and forgets the person")
+    func signedOut() {
+        var machine = Machine()
+        _ = machine.handle(.profileCreated(uid: uid))
+        #expect(machine.handle(.signedOut(uid: uid)) == [.evictProfileCache(uid: uid)])
+        #expect(machine.trackedPeople == 0)
+    }
+
+    @Test("withdrawal deletes the profile and the images, retrying each until done")
+    func withdrawal() {
+        var machine = Machine(retryPolicy: RetryPolicy(initial: .milliseconds(10), maximum: .seconds(1)))
+        _ = machine.handle(.profileCreated(uid: uid))
+        #expect(machine.handle(.withdrawn(uid: uid))
+            == [.cleanUp(uid: uid, step: .deleteProfile), .cleanUp(uid: uid, step: .deleteImages)])
+        #expect(machine.handle(.cleanupFailed(uid: uid, step: .deleteImages, error: failure))
+            == [.retryCleanup(uid: uid, step: .deleteImages, delay: .milliseconds(10), attempt: 1, error: failure)])
+        #expect(machine.handle(.cleanupRetryDue(uid: uid, step: .deleteImages)) == [.cleanUp(uid: uid, step: .deleteImages)])
+        #expect(machine.handle(.cleanupFinished(uid: uid, step: .deleteProfile)).isEmpty)
+        #expect(machine.trackedPeople == 1)
+        #expect(machine.handle(.cleanupFinished(uid: uid, step: .deleteImages)).isEmpty)
+        #expect(machine.trackedPeople == 0)
+    }
+
+    @Test("the profile deletion that a withdrawal causes asks for no set-up")
+    func withdrawalDeletionIsQuiet() {
+        var machine = Machine()
+        _ = machine.handle(.profileCreated(uid: uid))
+        _ = machine.handle(.withdrawn(uid: uid))
+        #expect(machine.handle(.profileDeleted(uid: uid, reason: .withdrawal)).isEmpty)
+        #expect(machine.handle(.profileDeleted(uid: uid, reason: .request)).isEmpty)
+        #expect(machine.handle(.signedIn(uid: uid)).isEmpty)
+    }
+
+    @Test("a check still in flight when the person withdraws decides nothing")
+    func checkAfterWithdrawal() {
+        var machine = Machine()
+        let check = signIn(&machine)
+        _ = machine.handle(.withdrawn(uid: uid))
+        #expect(machine.handle(.profileChecked(uid: uid, check: check, exists: false)).isEmpty)
+    }
+}
+
+@Suite("Setting up a profile")
+struct ProfileSetupSagaTests {
+    let profile = Profile(uid: "u", username: "mina", imagePath: "u/a.png", createdAt: "t", updatedAt: "t")
+
+    @Test("a username with a format problem fails before anything is uploaded")
+    func invalidUsername() {
+        #expect(ProfileSetupSaga(username: "a", hasImage: true).start() == .fail(.username(.tooShort)))
+    }
+
+    @Test("without an image the profile is created straight away")
+    func withoutImage() {
+        var saga = ProfileSetupSaga(username: "mina", hasImage: false)
+        #expect(saga.start() == .createProfile(username: "mina", imagePath: nil))
+        let created = Profile(uid: "u", username: "mina", imagePath: nil, createdAt: "t", updatedAt: "t")
+        #expect(saga.next(after: .created(created)) == .succeed(created))
+    }
+
+    @Test("with an image: upload first, then create with its path")
+    func withImage() {
+        var saga = ProfileSetupSaga(username: "mina", hasImage: true)
+        #expect(saga.start() == .uploadImage)
+        #expect(saga.next(after: .uploaded(path: "u/a.png")) == .createProfile(username: "mina", imagePath: "u/a.png"))
+        #expect(saga.next(after: .created(profile)) == .succeed(profile))
+    }
+
+    @Test("an image whose profile was refused is removed, and the refusal reaches the caller")
+    func compensation() {
+        var saga = ProfileSetupSaga(username: "mina", hasImage: true)
+        _ = saga.start()
+        _ = saga.next(after: .uploaded(path: "u/a.png"))
+        #expect(saga.next(after: .createFailed(.username(.duplicated))) == .deleteImage(path: "u/a.png"))
+        #expect(saga.next(after: .imageDeleted) == .fail(.username(.duplicated)))
+    }
+
+    @Test("a create that timed out is looked up before anything is undone")
+    func timeoutLooksUp() {
+        var saga = ProfileSetupSaga(username: "mina", hasImage: true)
+        _ = saga.start()
+        _ = saga.next(after: .uploaded(path: "u/a.png"))
+        #expect(saga.next(after: .createFailed(ServiceError(.timeout, "slow"))) == .lookUpProfile)
+        #expect(saga.next(after: .lookedUp(profile)) == .succeed(profile))
+
+        var missing = ProfileSetupSaga(username: "mina", hasImage: true)
+        _ = missing.start()
+        _ = missing.next(after: .uploaded(path: "u/a.png"))
+        _ = missing.next(after: .createFailed(ServiceError(.timeout, "slow")))
+        #expect(missing.next(after: .lookedUp(nil)) == .deleteImage(path: "u/a.png"))
+    }
+
+    @Test("a failed upload fails the set-up with the uploader's reason")
+    func uploadFailure() {
+        var saga = ProfileSetupSaga(username: "mina", hasImage: true)
+        _ = saga.start()
+        let refused = ServiceError(.imageRejected, "not an image", reason: "unsupportedType")
+        #expect(saga.next(after: .uploadFailed(refused)) == .fail(refused))
+    }
+}
