@@ -132,6 +132,8 @@ let package = Package(
                 "OnboardingClient",
                 "ZeroMQMessaging",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
         .executableTarget(name: "onboarding-tap", dependencies: ["ClientCommands"]),

@@ -1,1 +1,3 @@
-print("not yet")
+import ClientCommands
+
+await TapCommand.main()
