@@ -66,8 +66,7 @@ let package = Package(
         ),
         .testTarget(
             name: "OnboardingAPITests",
-            dependencies: ["OnboardingAPI"],
-            resources: [.copy("proto")]
+            dependencies: ["OnboardingAPI"]
         ),
 
         // MARK: Shared service plumbing

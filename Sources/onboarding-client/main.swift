@@ -1,3 +1,0 @@
-import ClientCommands
-
-await ClientCommand.main()

@@ -1,3 +1,0 @@
-import ClientCommands
-
-await TapCommand.main()
