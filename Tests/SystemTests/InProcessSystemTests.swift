@@ -1,0 +1,142 @@
+import AuthService
+import Foundation
+import ImageUploadService
+import Logging
+import Messaging
+import OnboardingAPI
+import OnboardingOrchestrator
+import ProfileService
+import ServiceLifecycle
+import ServiceRuntime
+import Testing
+
+/// All four services in this process on one ``InProcessBus``, with their data in a temporary folder.
+struct InProcessSystem {
+    let bus = InProcessBus(source: "test-bus")
+    let endpoints = SystemEndpoints.inProcess
+    let directory: URL
+
+    init() throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("onboarding-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    }
+
+    var imagesRoot: URL { directory.appendingPathComponent("images") }
+
+    /// Runs the services while `body` runs, then stops them.
+    func run(_ body: @Sendable (InProcessSystem) async throws -> Void) async throws {
+        var logger = Logger(label: "in-process-system")
+        logger.logLevel = .warning
+        let e = endpoints
+        let services: [any Service] = [
+            try AuthService(
+                configuration: .init(rpc: e.authRPC, events: e.authEvents, databasePath: directory.appendingPathComponent("auth.sqlite").path, devMode: true),
+                bus: bus, logger: logger),
+            try ProfileService(
+                configuration: .init(rpc: e.profileRPC, events: e.profileEvents, authRPC: e.authRPC, databasePath: directory.appendingPathComponent("profile.sqlite").path),
+                bus: bus, logger: logger),
+            try ImageUploadService(
+                configuration: .init(rpc: e.imageRPC, directory: imagesRoot.path), bus: bus, logger: logger),
+            OnboardingOrchestrator(
+                configuration: .init(
+                    rpc: e.orchestratorRPC, routes: e.routes, authRPC: e.authRPC, authEvents: e.authEvents,
+                    profileRPC: e.profileRPC, profileEvents: e.profileEvents, imageRPC: e.imageRPC),
+                bus: bus, logger: logger),
+        ]
+        let group = ServiceGroup(services: services, logger: logger)
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            tasks.addTask { try await group.run() }
+            for (_, endpoint) in e.rpcEndpoints {
+                try await bus.waitUntilAnswering(endpoint, source: "test")
+            }
+            try await body(self)
+            await group.triggerGracefulShutdown()
+            try await tasks.waitForAll()
+        }
+        try? FileManager.default.removeItem(at: directory)
+    }
+}
+
+@Suite("The whole system in one process")
+struct InProcessSystemTests {
+    @Test("sign in, set up a profile, sign out, sign in again, withdraw")
+    func journey() async throws {
+        try await InProcessSystem().run { system in
+            try await runJourney(bus: system.bus, endpoints: system.endpoints, imagesRoot: system.imagesRoot)
+        }
+    }
+
+    @Test("bad input at every endpoint gets a typed error and no service goes down")
+    func badInput() async throws {
+        try await InProcessSystem().run { system in
+            try await runBadInput(bus: system.bus, endpoints: system.endpoints)
+        }
+    }
+
+    @Test("two people claiming one free name at once: exactly one gets it")
+    func simultaneousClaims() async throws {
+        try await InProcessSystem().run { system in
+            let name = "race\(Int.random(in: 100...999))"
+            let people = (0..<8).map { system.endpoints.client(system.bus, name: "racer-\($0)") }
+            for (index, person) in people.enumerated() {
+                _ = try await person.signIn(provider: .apple, subject: "racer-\(index)-\(UUID().uuidString)")
+            }
+            let outcomes = await withTaskGroup(of: ErrorCode?.self) { group in
+                for person in people {
+                    group.addTask {
+                        do {
+                            _ = try await person.setUpProfile(username: name)
+                            return nil
+                        } catch let error as ServiceError {
+                            return error.code
+                        } catch {
+                            return .internalError
+                        }
+                    }
+                }
+                return await group.reduce(into: [ErrorCode?]()) { $0.append($1) }
+            }
+            #expect(outcomes.filter { $0 == nil }.count == 1)
+            #expect(outcomes.compactMap { $0 }.allSatisfy { $0 == .usernameTaken })
+        }
+    }
+
+    @Test("a profile check that fails is retried until the profile side answers, never decided on a guess")
+    func checkRetriedUntilProfileAnswers() async throws {
+        // Only auth and the orchestrator run at first: the profile side is down.
+        let bus = InProcessBus()
+        let e = SystemEndpoints.inProcess
+        var logger = Logger(label: "retry-test")
+        logger.logLevel = .critical
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("onboarding-\(UUID().uuidString)")
+        let auth = try AuthService(configuration: .init(rpc: e.authRPC, events: e.authEvents, databasePath: nil, devMode: true), bus: bus, logger: logger)
+        let orchestrator = OnboardingOrchestrator(
+            configuration: .init(
+                rpc: e.orchestratorRPC, routes: e.routes, authRPC: e.authRPC, authEvents: e.authEvents,
+                profileRPC: e.profileRPC, profileEvents: e.profileEvents, imageRPC: e.imageRPC,
+                callTimeout: .milliseconds(200), retryPolicy: RetryPolicy(initial: .milliseconds(20), maximum: .milliseconds(100))),
+            bus: bus, logger: logger)
+        let profile = try ProfileService(
+            configuration: .init(rpc: e.profileRPC, events: e.profileEvents, authRPC: e.authRPC, databasePath: nil),
+            bus: bus, logger: logger)
+        let first = ServiceGroup(services: [auth, orchestrator], logger: logger)
+        let second = ServiceGroup(services: [profile], logger: logger)
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            tasks.addTask { try await first.run() }
+            try await bus.waitUntilAnswering(e.authRPC, source: "test")
+            try await bus.waitUntilAnswering(e.orchestratorRPC, source: "test")
+            let client = e.client(bus)
+            let tap = IntentRecorder(try await client.routeIntents(for: nil))
+            let uid = try await client.signIn(provider: .google, subject: "patient").uid
+            await expectCode(.dependencyUnavailable) { _ = try await client.checkNow() }
+            #expect(tap.intents(for: uid).isEmpty, "nothing is decided while the profile side is down")
+
+            tasks.addTask { try await second.run() }
+            await tap.next { $0.uid == uid && $0.intent == .presentProfileSetup }
+            await second.triggerGracefulShutdown()
+            await first.triggerGracefulShutdown()
+            try await tasks.waitForAll()
+        }
+        try? FileManager.default.removeItem(at: directory)
+    }
+}

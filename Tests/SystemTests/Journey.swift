@@ -1,0 +1,189 @@
+import Foundation
+import Messaging
+import OnboardingAPI
+import OnboardingClient
+import Synchronization
+import Testing
+
+/// Every endpoint of one running system.
+struct SystemEndpoints: Sendable {
+    var authRPC: Endpoint
+    var authEvents: Endpoint
+    var profileRPC: Endpoint
+    var profileEvents: Endpoint
+    var imageRPC: Endpoint
+    var orchestratorRPC: Endpoint
+    var routes: Endpoint
+
+    /// Endpoints on loopback from `base` upwards (for real processes).
+    static func tcp(base: Int) -> SystemEndpoints {
+        func at(_ offset: Int) -> Endpoint { Endpoint("tcp://127.0.0.1:\(base + offset)") }
+        return SystemEndpoints(
+            authRPC: at(0), authEvents: at(1), profileRPC: at(2), profileEvents: at(3), imageRPC: at(4),
+            orchestratorRPC: at(5), routes: at(6))
+    }
+
+    /// Names for the in-process bus.
+    static let inProcess = SystemEndpoints(
+        authRPC: "inproc://auth", authEvents: "inproc://auth-events", profileRPC: "inproc://profile",
+        profileEvents: "inproc://profile-events", imageRPC: "inproc://image", orchestratorRPC: "inproc://orchestrator",
+        routes: "inproc://routes")
+
+    var rpcEndpoints: [(String, Endpoint)] {
+        [(ServiceName.auth, authRPC), (ServiceName.profile, profileRPC), (ServiceName.imageUpload, imageRPC),
+         (ServiceName.orchestrator, orchestratorRPC)]
+    }
+
+    func client(_ bus: any MessageBus, name: String = "journey") -> OnboardingClient {
+        OnboardingClient(
+            bus: bus,
+            configuration: .init(
+                authRPC: authRPC, profileRPC: profileRPC, orchestratorRPC: orchestratorRPC, routes: routes,
+                timeout: .seconds(5), name: name))
+    }
+}
+
+/// Collects the route intents a tap sees, and lets a test wait for one.
+final class IntentRecorder: Sendable {
+    private let received = Mutex<[RouteIntent]>([])
+    private let task: Task<Void, Never>
+
+    init(_ intents: RouteIntents) {
+        let received = self.received
+        task = Task {
+            for await intent in intents { received.withLock { $0.append(intent.intent) } }
+        }
+    }
+
+    deinit { task.cancel() }
+
+    var all: [RouteIntent] { received.withLock { $0 } }
+
+    func intents(for uid: String) -> [RouteIntent] { all.filter { $0.uid == uid } }
+
+    /// Waits until an intent matching `predicate` has arrived, up to `timeout`.
+    @discardableResult
+    func next(
+        timeout: Duration = .seconds(10), sourceLocation: SourceLocation = #_sourceLocation,
+        where predicate: @escaping (RouteIntent) -> Bool
+    ) async -> RouteIntent? {
+        let clock = ContinuousClock()
+        let deadline = clock.now.advanced(by: timeout)
+        while clock.now < deadline {
+            if let match = received.withLock({ $0.first(where: predicate) }) { return match }
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+        Issue.record("no matching route intent within \(timeout); saw \(all)", sourceLocation: sourceLocation)
+        return nil
+    }
+
+    /// Waits until intents from the orchestrator reach this recorder: pub/sub delivers only
+    /// after a subscription has taken effect, so a warm-up person asks "check me now" until one
+    /// of their intents arrives.
+    func warmUp(with client: OnboardingClient) async throws {
+        _ = try await client.signIn(provider: .google, subject: "warm-up-\(UUID().uuidString)")
+        let uid = try #require(client.session?.uid)
+        let clock = ContinuousClock()
+        let deadline = clock.now.advanced(by: .seconds(10))
+        while clock.now < deadline {
+            _ = try await client.checkNow()
+            for _ in 0..<20 {
+                if received.withLock({ $0.contains { $0.uid == uid } }) { return }
+                try await Task.sleep(for: .milliseconds(5))
+            }
+        }
+        Issue.record("the route topic never delivered the warm-up person's intents")
+    }
+}
+
+/// The smallest valid PNG header: enough for image-upload to recognise the bytes.
+let pngBytes = Data([0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A] + [UInt8](repeating: 0, count: 64))
+
+/// The whole journey of `shared/domain.md`, driven as an app would drive it.
+///
+/// - Parameter imagesRoot: where image-upload keeps images, to check that withdrawal removed them.
+func runJourney(bus: any MessageBus, endpoints: SystemEndpoints, imagesRoot: URL) async throws {
+    let tap = IntentRecorder(try await endpoints.client(bus, name: "tap").routeIntents(for: nil))
+    try await tap.warmUp(with: endpoints.client(bus, name: "warm-up"))
+
+    let app = endpoints.client(bus, name: "app")
+    let subject = "minji-\(UUID().uuidString.prefix(8))"
+    let username = "mj\(Int.random(in: 1000...9999))"
+
+    // Signing in for the first time: asked to set up a profile.
+    let first = try await app.signIn(provider: .kakao, subject: subject)
+    #expect(first.isNewAccount)
+    let uid = first.uid
+    await tap.next { $0.uid == uid && $0.intent == .presentProfileSetup && $0.reason == .signedIn }
+
+    // "Check me now" answers the same decision directly.
+    let status = try await app.checkNow()
+    #expect(status == OnboardingStatus(uid: uid, hasProfile: false, intent: .presentProfileSetup))
+    #expect(try await app.profile() == nil)
+
+    // Choosing a username and setting up the profile with an image.
+    #expect(try await app.checkUsername(username).available)
+    let profile = try await app.setUpProfile(username: username, image: pngBytes, contentType: "image/png")
+    #expect(profile.uid == uid)
+    #expect(profile.username == username)
+    let imagePath = try #require(profile.imagePath)
+    #expect(FileManager.default.fileExists(atPath: imagesRoot.appendingPathComponent(imagePath).path))
+    await tap.next { $0.uid == uid && $0.intent == .dismiss }
+    #expect(try await app.profile() == profile)
+    #expect(try await app.checkUsername(username.uppercased()).reason == .duplicated)
+
+    // A second set-up is refused; the uploaded image of the refused attempt is removed.
+    await #expect(throws: ServiceError.self) {
+        _ = try await app.setUpProfile(username: "other\(Int.random(in: 10...99))", image: pngBytes)
+    }
+    let images = try FileManager.default.contentsOfDirectory(atPath: imagesRoot.appendingPathComponent(uid).path)
+    #expect(images == [URL(fileURLWithPath: imagePath).lastPathComponent])
+
+    // Signing out ends the session; the profile stays.
+    let token = try #require(app.session?.sessionToken)
+    try await app.signOut()
+    let stale = OnboardingClient(bus: bus, configuration: app.configuration, session: .init(uid: uid, sessionToken: token, provider: .kakao))
+    await expectCode(.unauthenticated) { _ = try await stale.checkNow() }
+
+    // Signing in again: same person, a profile exists, nothing to show.
+    let again = try await app.signIn(provider: .kakao, subject: subject)
+    #expect(again.uid == uid)
+    #expect(!again.isNewAccount)
+    #expect(try await app.checkNow() == OnboardingStatus(uid: uid, hasProfile: true, intent: nil))
+    #expect(tap.intents(for: uid).filter { $0.intent == .presentProfileSetup }.count == 2)
+
+    // Withdrawing deletes the account, profile, username and images.
+    try await app.withdraw()
+    let clock = ContinuousClock()
+    let deadline = clock.now.advanced(by: .seconds(10))
+    var freed = false
+    while clock.now < deadline, !freed {
+        freed = try await app.checkUsername(username).available
+            && !FileManager.default.fileExists(atPath: imagesRoot.appendingPathComponent(uid).path)
+        if !freed { try await Task.sleep(for: .milliseconds(10)) }
+    }
+    #expect(freed, "the username and images of a withdrawn person are removed")
+
+    // The same provider account now starts over as a new person.
+    let fresh = try await app.signIn(provider: .kakao, subject: subject)
+    #expect(fresh.uid != uid)
+    #expect(fresh.isNewAccount)
+    await tap.next { $0.uid == fresh.uid && $0.intent == .presentProfileSetup }
+    #expect(!tap.all.contains { $0.uid == uid && $0.reason == .profileDeleted }, "a withdrawal asks for no set-up")
+}
+
+/// Expects `body` to fail with a ``ServiceError`` of `code`.
+func expectCode(
+    _ code: ErrorCode, reason: String? = nil, sourceLocation: SourceLocation = #_sourceLocation,
+    _ body: () async throws -> Void
+) async {
+    do {
+        try await body()
+        Issue.record("expected \(code), but it succeeded", sourceLocation: sourceLocation)
+    } catch let error as ServiceError {
+        #expect(error.code == code, "\(error)", sourceLocation: sourceLocation)
+        if let reason { #expect(error.reason == reason, "\(error)", sourceLocation: sourceLocation) }
+    } catch {
+        Issue.record("expected \(code), got \(error)", sourceLocation: sourceLocation)
+    }
+}

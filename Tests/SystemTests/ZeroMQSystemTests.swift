@@ -1,0 +1,113 @@
+import Foundation
+import Logging
+import Messaging
+import OnboardingAPI
+import ServiceRuntime
+import Testing
+import ZeroMQMessaging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The four real executables, started on loopback ports of their own with their data in a
+/// temporary folder.
+final class RunningSystem: Sendable {
+    let endpoints: SystemEndpoints
+    let directory: URL
+    let processes: [Process]
+
+    /// Where `swift build` put the executables: beside this test bundle.
+    static var binDirectory: URL {
+        if let path = ProcessInfo.processInfo.environment["ONBOARDING_BIN_DIR"] { return URL(fileURLWithPath: path) }
+        var url = Bundle.main.bundleURL
+        while !FileManager.default.fileExists(atPath: url.appendingPathComponent("auth-service").path), url.path != "/" {
+            url = url.deletingLastPathComponent()
+        }
+        return url
+    }
+
+    init() throws {
+        endpoints = .tcp(base: 30_000 + Int.random(in: 0..<2_000) * 10)
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("onboarding-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let e = endpoints
+        let environment = ProcessInfo.processInfo.environment.merging([
+            "ONBOARDING_DATA_DIR": directory.path,
+            "ONBOARDING_AUTH_RPC": e.authRPC.rawValue, "ONBOARDING_AUTH_EVENTS": e.authEvents.rawValue,
+            "ONBOARDING_PROFILE_RPC": e.profileRPC.rawValue, "ONBOARDING_PROFILE_EVENTS": e.profileEvents.rawValue,
+            "ONBOARDING_IMAGE_RPC": e.imageRPC.rawValue, "ONBOARDING_ORCHESTRATOR_RPC": e.orchestratorRPC.rawValue,
+            "ONBOARDING_ROUTES": e.routes.rawValue, "ONBOARDING_LOG_LEVEL": "warning",
+        ]) { $1 }
+        let bin = Self.binDirectory
+        var processes: [Process] = []
+        for (name, arguments) in [
+            ("auth-service", ["--dev-mode"]), ("profile-service", []), ("image-upload-service", []),
+            ("onboarding-orchestrator", []),
+        ] {
+            let process = Process()
+            process.executableURL = bin.appendingPathComponent(name)
+            process.arguments = arguments
+            process.environment = environment
+            try process.run()
+            processes.append(process)
+        }
+        self.processes = processes
+    }
+
+    var imagesRoot: URL { directory.appendingPathComponent("images") }
+
+    /// Sends SIGTERM to every service and returns their exit statuses.
+    func stop() async -> [Int32] {
+        for process in processes where process.isRunning { process.terminate() }
+        var statuses: [Int32] = []
+        for process in processes {
+            let clock = ContinuousClock()
+            let deadline = clock.now.advanced(by: .seconds(15))
+            while process.isRunning, clock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            statuses.append(process.isRunning ? -1 : process.terminationStatus)
+        }
+        try? FileManager.default.removeItem(at: directory)
+        return statuses
+    }
+
+    /// Runs `body` with a ZeroMQ bus once every service answers, then stops the services and
+    /// expects each to exit cleanly.
+    static func run(_ body: @Sendable (ZeroMQBus, RunningSystem) async throws -> Void) async throws {
+        let system = try RunningSystem()
+        var logger = Logger(label: "zeromq-system-test")
+        logger.logLevel = .warning
+        let bus = ZeroMQBus(source: "test", logger: logger)
+        do {
+            for (_, endpoint) in system.endpoints.rpcEndpoints {
+                try await bus.waitUntilAnswering(endpoint, source: "test", timeout: .seconds(30))
+            }
+            try await body(bus, system)
+        } catch {
+            await bus.shutdown()
+            _ = await system.stop()
+            throw error
+        }
+        await bus.shutdown()
+        let statuses = await system.stop()
+        #expect(statuses == [0, 0, 0, 0], "every service stops cleanly on SIGTERM")
+    }
+}
+
+@Suite("The whole system over ZeroMQ, with the real executables", .serialized)
+struct ZeroMQSystemTests {
+    @Test("sign in, set up a profile, sign out, sign in again, withdraw")
+    func journey() async throws {
+        try await RunningSystem.run { bus, system in
+            try await runJourney(bus: bus, endpoints: system.endpoints, imagesRoot: system.imagesRoot)
+        }
+    }
+
+    @Test("bad input at every endpoint gets a typed error and no service goes down")
+    func badInput() async throws {
+        try await RunningSystem.run { bus, system in
+            try await runBadInput(bus: bus, endpoints: system.endpoints)
+        }
+    }
+}
