@@ -109,13 +109,13 @@ public struct ProfileStore: Sendable {
     /// `ProfileCreated`.
     ///
     /// - Parameter correlationId: the request that caused it, carried by the event.
-    /// - Throws: `invalidUsername`, `invalidRequest` (an empty image path), `profileExists`,
+    /// - Throws: `invalidUsername`, `invalidRequest` (an image path that is not `<uid>/<file>`), `profileExists`,
     ///   `usernameTaken` or `storeUnavailable`.
     public func create(uid: String, username: String, imagePath: String?, correlationId: String? = nil)
         async throws(ServiceError) -> Profile
     {
         let username = try Self.validated(username)
-        try Self.validate(imagePath: imagePath)
+        try Self.validate(imagePath: imagePath, of: uid)
         let (outbox, afterCommit) = (self.outbox, self.afterCommit)
         return try await run { db in
             if try ProfileRow.exists(db, key: uid) { throw Self.profileExists }
@@ -134,13 +134,13 @@ public struct ProfileStore: Sendable {
     ///
     /// A field that is `nil` stays as it is. When nothing would change, the profile is returned
     /// as it is and no event is recorded.
-    /// - Throws: `invalidUsername`, `invalidRequest` (an empty image path), `profileNotFound`,
+    /// - Throws: `invalidUsername`, `invalidRequest` (an image path that is not `<uid>/<file>`), `profileNotFound`,
     ///   `usernameTaken` or `storeUnavailable`.
     public func update(uid: String, username: String?, imagePath: String?, correlationId: String? = nil)
         async throws(ServiceError) -> Profile
     {
         let username = try username.map { name throws(ServiceError) in try Self.validated(name) }
-        try Self.validate(imagePath: imagePath)
+        try Self.validate(imagePath: imagePath, of: uid)
         let (outbox, afterCommit) = (self.outbox, self.afterCommit)
         return try await run { db in
             guard var row = try ProfileRow.fetchOne(db, key: uid) else {
@@ -187,9 +187,16 @@ public struct ProfileStore: Sendable {
         return normalized
     }
 
-    private static func validate(imagePath: String?) throws(ServiceError) {
-        if let imagePath, imagePath.isEmpty {
-            throw ServiceError(.invalidRequest, "imagePath is empty; leave it out when there is no image.")
+    /// An image path must name one of the person's own images, as image-upload returns them:
+    /// `<uid>/<file>`.
+    private static func validate(imagePath: String?, of uid: String) throws(ServiceError) {
+        guard let imagePath else { return }
+        let prefix = uid + "/"
+        let file = imagePath.hasPrefix(prefix) ? imagePath.dropFirst(prefix.count) : ""
+        guard !file.isEmpty, !file.contains("/"), file != ".", file != ".." else {
+            throw ServiceError(
+                .invalidRequest,
+                "imagePath must be the path image.upload returned for this person (<uid>/<file>); leave it out when there is no image.")
         }
     }
 

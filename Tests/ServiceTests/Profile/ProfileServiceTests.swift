@@ -114,6 +114,16 @@ extension ProfileServiceTests {
             }
         }
 
+        @Test("a person cannot point their profile at someone else's image")
+        func foreignImage() async throws {
+            try await RunningProfileService.with { service async throws in
+                _ = try await service.call(CreateProfile(username: "mina", imagePath: "u1/a.png"), uid: "u1")
+                let error = await refusal { _ = try await service.call(UpdateProfile(imagePath: "u2/b.png"), token: "token-u1") }
+                #expect(error?.code == .invalidRequest)
+                #expect(try await service.call(GetProfile(), token: "token-u1").profile?.imagePath == "u1/a.png")
+            }
+        }
+
         @Test("a wrong or empty session token is refused, and the service keeps answering")
         func unauthenticated() async throws {
             try await RunningProfileService.with { service async throws in

@@ -100,6 +100,19 @@ extension ProfileServiceTests {
             #expect(try await store.fetch(uid: "u2")?.username == "jun")
         }
 
+        @Test("an image path must be one of the person's own images", arguments: [
+            "", "u1/", "u2/a.png", "u1/../u2/a.png", "u1/..", "/u1/a.png", "a.png", "u10/a.png",
+        ])
+        func imagePathRefusals(path: String) async throws {
+            let store = try await makeStore()
+            let create = await refusal { _ = try await store.create(uid: "u1", username: "mina", imagePath: path) }
+            #expect(create?.code == .invalidRequest)
+            _ = try await store.create(uid: "u1", username: "mina", imagePath: "u1/a.png")
+            let update = await refusal { _ = try await store.update(uid: "u1", username: nil, imagePath: path) }
+            #expect(update?.code == .invalidRequest)
+            #expect(try await store.fetch(uid: "u1")?.imagePath == "u1/a.png")
+        }
+
         @Test("deleting a profile frees its username")
         func deleteFreesName() async throws {
             let store = try await makeStore()
