@@ -1,0 +1,86 @@
+import OnboardingAPI
+import Synchronization
+
+/// The per-person cache in front of the ``ProfileStore``, holding profiles and "no profile"
+/// answers alike (never failures).
+///
+/// Reads go to the cache first; on a miss the caller reads the store and offers the answer back
+/// with ``fill(_:with:ticket:)``. Writes go to the store and then refresh the cache with
+/// ``store(_:)``; delete and eviction ``remove(_:)`` the entry. When full, the least recently
+/// used person is forgotten.
+///
+/// A fill is dropped when any write or removal happened since its ``lookup(_:)``, so a read that
+/// started before a write can never put the older answer back over the newer one. (This is
+/// coarse on purpose: such a read simply is not cached, and the next one is.)
+///
+/// Thread safety: all state sits behind one `Mutex`; every method may be called from any task
+/// and none blocks for longer than a dictionary update.
+public final class ProfileCache: Sendable {
+    /// What a lookup found.
+    public enum Lookup: Sendable, Equatable {
+        /// The cached answer: the profile, or `nil` for "this person has no profile".
+        case hit(Profile?)
+        /// Nothing cached; read the store, then hand the answer to ``fill(_:with:ticket:)``.
+        case miss(FillTicket)
+    }
+
+    /// Proof of when a missed lookup happened, so a late fill can be recognised.
+    public struct FillTicket: Sendable, Equatable {
+        fileprivate let changes: UInt64
+    }
+
+    private struct State {
+        var entries: LRUCache<String, Profile?>
+        var changes: UInt64 = 0
+    }
+
+    private let state: Mutex<State>
+
+    /// The most people whose answers are kept.
+    public let capacity: Int
+
+    /// - Parameter capacity: at least 1.
+    public init(capacity: Int) {
+        precondition(capacity >= 1, "A profile cache holds at least one entry.")
+        self.capacity = capacity
+        self.state = Mutex(State(entries: LRUCache(capacity: capacity)))
+    }
+
+    /// How many people have a cached answer.
+    public var count: Int {
+        state.withLock { $0.entries.count }
+    }
+
+    /// The cached answer for `uid`, or a ticket to fill it with.
+    public func lookup(_ uid: String) -> Lookup {
+        state.withLock { state in
+            if let cached = state.entries.value(for: uid) { return .hit(cached) }
+            return .miss(FillTicket(changes: state.changes))
+        }
+    }
+
+    /// Caches what the store answered for `uid` after a missed lookup, unless the cache was
+    /// changed since then.
+    public func fill(_ uid: String, with profile: Profile?, ticket: FillTicket) {
+        state.withLock { state in
+            guard state.changes == ticket.changes else { return }
+            state.entries.set(profile, for: uid)
+        }
+    }
+
+    /// Caches `profile` as just written to the store.
+    public func store(_ profile: Profile) {
+        state.withLock { state in
+            state.changes &+= 1
+            state.entries.set(profile, for: profile.uid)
+        }
+    }
+
+    /// Forgets whatever is cached for `uid`.
+    public func remove(_ uid: String) {
+        state.withLock { state in
+            state.changes &+= 1
+            state.entries.removeValue(for: uid)
+        }
+    }
+}

@@ -1,0 +1,58 @@
+import Logging
+import Messaging
+import OnboardingAPI
+import ServiceRuntime
+
+/// The profile service's request handlers: the cache and the store, put together.
+///
+/// Thread safety: immutable; handlers run concurrently, one task per request.
+struct ProfileRequests: Sendable {
+    let store: ProfileStore
+    let cache: ProfileCache
+
+    func dispatcher(sessions: any SessionVerifier, logger: Logger) -> RequestDispatcher {
+        var dispatcher = RequestDispatcher(source: ServiceName.profile, sessions: sessions, logger: logger)
+        dispatcher.on(GetProfile.self, access: .sessionOrService) { _, context in
+            ProfileResult(profile: try await profile(of: context.requireUID()))
+        }
+        dispatcher.on(CreateProfile.self, access: .service) { request, context in
+            let profile = try await store.create(
+                uid: context.requireUID(), username: request.username, imagePath: request.imagePath,
+                correlationId: context.message.header.id)
+            return ProfileResult(profile: profile)
+        }
+        dispatcher.on(UpdateProfile.self, access: .sessionOrService) { request, context in
+            let profile = try await store.update(
+                uid: context.requireUID(), username: request.username, imagePath: request.imagePath,
+                correlationId: context.message.header.id)
+            return ProfileResult(profile: profile)
+        }
+        dispatcher.on(DeleteProfile.self, access: .sessionOrService) { request, context in
+            let uid = try context.requireUID()
+            let deleted = try await store.delete(uid: uid, reason: request.reason, correlationId: context.message.header.id)
+            cache.remove(uid)
+            return DeleteProfileResult(deleted: deleted)
+        }
+        dispatcher.on(CheckUsername.self, access: .open) { request, _ in
+            try await store.availability(of: request.username)
+        }
+        dispatcher.on(EvictCachedProfile.self, access: .service) { _, context in
+            cache.remove(try context.requireUID())
+            return Acknowledged()
+        }
+        return dispatcher
+    }
+
+    /// The profile of `uid` from the cache, or from the store (then cached). A store failure
+    /// is thrown, never cached.
+    func profile(of uid: String) async throws(ServiceError) -> Profile? {
+        switch cache.lookup(uid) {
+        case .hit(let profile):
+            return profile
+        case .miss(let ticket):
+            let profile = try await store.fetch(uid: uid)
+            cache.fill(uid, with: profile, ticket: ticket)
+            return profile
+        }
+    }
+}

@@ -1,0 +1,100 @@
+import Logging
+import Messaging
+import OnboardingAPI
+import ServiceLifecycle
+import ServiceRuntime
+
+/// The profile service: profiles and usernames, answered over the bus.
+///
+/// It answers `profile.get`, `profile.create`, `profile.update`, `profile.delete`,
+/// `profile.checkUsername`, `profile.evictCache` and `health` at ``Configuration/rpc``, and
+/// publishes `profile.created`, `profile.updated` and `profile.deleted` at
+/// ``Configuration/events``, each written in the same transaction as its change.
+///
+/// Run it in a `ServiceGroup` (or a task): ``run()`` returns on graceful shutdown or
+/// cancellation, after the requests in flight have been answered.
+public struct ProfileService: Service {
+    /// Where the service listens and keeps its data.
+    public struct Configuration: Sendable {
+        /// Where requests are answered.
+        public var rpc: Endpoint
+        /// Where events are published.
+        public var events: Endpoint
+        /// Auth's request endpoint, for verifying session tokens.
+        public var authRPC: Endpoint
+        /// The SQLite file; `nil` keeps everything in memory (tests).
+        public var databasePath: String?
+        /// How many people's profiles the cache keeps; at least 1.
+        public var cacheCapacity: Int
+
+        public static let defaultCacheCapacity = 100_000
+
+        public init(
+            rpc: Endpoint = Defaults.profileRPC,
+            events: Endpoint = Defaults.profileEvents,
+            authRPC: Endpoint = Defaults.authRPC,
+            databasePath: String? = nil,
+            cacheCapacity: Int = Configuration.defaultCacheCapacity
+        ) {
+            self.rpc = rpc
+            self.events = events
+            self.authRPC = authRPC
+            self.databasePath = databasePath
+            self.cacheCapacity = cacheCapacity
+        }
+    }
+
+    /// What the request endpoint accepts: envelopes up to 64 KiB and no binary frame.
+    public static let rpcLimits = MessageLimits(maxEnvelopeBytes: 64 * 1024, maxAttachmentBytes: 0)
+
+    public let configuration: Configuration
+    private let bus: any MessageBus
+    private let logger: Logger
+    private let sessions: any SessionVerifier
+
+    /// - Parameters:
+    ///   - bus: the bus to answer and publish on.
+    ///   - sessions: verifies the session tokens of app requests; by default auth is asked at
+    ///     ``Configuration/authRPC``.
+    /// - Throws: ``ServiceError`` `invalidRequest` when the configuration cannot work (a cache
+    ///   capacity below 1).
+    public init(
+        configuration: Configuration, bus: any MessageBus, logger: Logger, sessions: (any SessionVerifier)? = nil
+    ) throws {
+        guard configuration.cacheCapacity >= 1 else {
+            throw ServiceError(
+                .invalidRequest, "The cache capacity must be at least 1, not \(configuration.cacheCapacity).")
+        }
+        self.configuration = configuration
+        self.bus = bus
+        self.logger = logger
+        self.sessions = sessions
+            ?? RemoteSessionVerifier(bus: bus, authEndpoint: configuration.authRPC, source: ServiceName.profile)
+    }
+
+    /// Opens and migrates the database, binds the event publisher, and answers requests until
+    /// graceful shutdown or cancellation.
+    ///
+    /// - Throws: ``ServiceError`` `storeUnavailable` when the database cannot be opened, or the
+    ///   bus's `addressInUse` / `invalidEndpoint` when an endpoint cannot be bound.
+    public func run() async throws {
+        let writer = try ProfileStore.openDatabase(path: configuration.databasePath)
+        let publisher = try await bus.publisher(at: configuration.events)
+        defer { publisher.close() }
+        logger.info("profile publishes events at \(configuration.events)")
+
+        let cache = ProfileCache(capacity: configuration.cacheCapacity)
+        let store = ProfileStore(
+            writer: writer,
+            outbox: Outbox(source: ServiceName.profile, publisher: publisher),
+            logger: logger,
+            afterCommit: { uid, profile in
+                if let profile { cache.store(profile) } else { cache.remove(uid) }
+            })
+        let requests = ProfileRequests(store: store, cache: cache)
+        let server = RequestServer(
+            bus: bus, endpoint: configuration.rpc, limits: Self.rpcLimits,
+            dispatcher: requests.dispatcher(sessions: sessions, logger: logger), logger: logger)
+        try await server.run()
+    }
+}

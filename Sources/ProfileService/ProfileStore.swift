@@ -1,0 +1,254 @@
+import Foundation
+import GRDB
+import Logging
+import Messaging
+import OnboardingAPI
+import ServiceRuntime
+
+/// The profile store: the single source of truth for profiles and the usernames they hold.
+///
+/// Every change and the event that reports it are written in one transaction (through the
+/// ``Outbox``), so an event exists exactly when its change does. Username uniqueness is decided
+/// by the database (a `UNIQUE` column on the uniqueness key), so of two simultaneous claims of one
+/// name exactly one wins, whichever process or thread makes them.
+///
+/// Thread safety: a value over a `DatabaseWriter`, which serializes writes and may run reads
+/// concurrently; every method may be called from any task. Database calls run on GRDB's own
+/// queues, never on the caller's thread.
+///
+/// Errors: every method throws ``ServiceError`` only. The domain refusals are `invalidUsername`
+/// (with the rule as `reason`), `usernameTaken`, `profileExists`, `profileNotFound` and
+/// `invalidRequest`; any failure of the database itself is logged and thrown as
+/// `storeUnavailable` (nothing was changed), never as a missing profile.
+public struct ProfileStore: Sendable {
+    /// Told of each committed change: the person and their profile now (`nil`: deleted).
+    ///
+    /// Called on the database's writer queue, in commit order, before the changing method
+    /// returns; it must not block or touch the database.
+    public typealias CommitObserver = @Sendable (_ uid: String, _ profile: Profile?) -> Void
+
+    public let writer: any DatabaseWriter
+    public let outbox: Outbox
+    private let logger: Logger
+    private let afterCommit: CommitObserver?
+
+    /// - Parameters:
+    ///   - writer: the database, already migrated with ``migrator()``.
+    ///   - outbox: records each change's event in the change's transaction.
+    ///   - logger: where database failures are logged in full (callers get only a code).
+    ///   - afterCommit: told of each committed change, to keep a cache in commit order.
+    public init(writer: any DatabaseWriter, outbox: Outbox, logger: Logger, afterCommit: CommitObserver? = nil) {
+        self.writer = writer
+        self.outbox = outbox
+        self.logger = logger
+        self.afterCommit = afterCommit
+    }
+
+    /// The migrations of the profile database: the outbox and the `profile` table.
+    public static func migrator() -> DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        Outbox.registerMigration(in: &migrator)
+        migrator.registerMigration("profile-v1") { db in
+            try db.create(table: ProfileRow.databaseTableName) { table in
+                table.primaryKey("uid", .text)
+                table.column("username", .text).notNull()
+                table.column("usernameKey", .text).notNull().unique()
+                table.column("imagePath", .text)
+                table.column("createdAt", .text).notNull()
+                table.column("updatedAt", .text).notNull()
+            }
+        }
+        return migrator
+    }
+
+    /// Opens the database at `path` (`nil`: a private in-memory one) and brings its schema up to
+    /// date.
+    ///
+    /// Blocks the calling thread while the file is opened and migrated.
+    /// - Throws: ``ServiceError`` `storeUnavailable` when it cannot be opened or migrated.
+    public static func openDatabase(path: String?) throws(ServiceError) -> any DatabaseWriter {
+        do {
+            let writer = try ServiceDatabase.open(path: path)
+            try migrator().migrate(writer)
+            return writer
+        } catch {
+            throw ServiceError(
+                .storeUnavailable, "The profile database at \(path ?? "(memory)") could not be opened: \(error)")
+        }
+    }
+
+    // MARK: Reading
+
+    /// The profile of `uid`, or `nil` when that person has none (a normal answer).
+    ///
+    /// - Throws: `storeUnavailable`.
+    public func fetch(uid: String) async throws(ServiceError) -> Profile? {
+        try await run(write: false) { db in try ProfileRow.fetchOne(db, key: uid)?.profile }
+    }
+
+    /// Whether `username` could be claimed now, and if not, why.
+    ///
+    /// Format problems are reported without touching the store. A name held by anyone, the
+    /// caller included, is `duplicated`; letter case and Unicode composition are ignored.
+    /// - Throws: `storeUnavailable`.
+    public func availability(of username: String) async throws(ServiceError) -> UsernameAvailability {
+        let normalized = UsernameRules.normalized(username)
+        if let problem = UsernameRules.formatProblem(normalized) {
+            return UsernameAvailability(username: normalized, available: false, reason: problem)
+        }
+        let key = UsernameRules.uniquenessKey(normalized)
+        let taken = try await run(write: false) { db in
+            try !ProfileRow.filter(ProfileRow.Columns.usernameKey == key).isEmpty(db)
+        }
+        return UsernameAvailability(username: normalized, available: !taken, reason: taken ? .duplicated : nil)
+    }
+
+    // MARK: Changing
+
+    /// Creates the first profile of `uid`, storing the username's NFC form, and records
+    /// `ProfileCreated`.
+    ///
+    /// - Parameter correlationId: the request that caused it, carried by the event.
+    /// - Throws: `invalidUsername`, `invalidRequest` (an image path that is not `<uid>/<file>`), `profileExists`,
+    ///   `usernameTaken` or `storeUnavailable`.
+    public func create(uid: String, username: String, imagePath: String?, correlationId: String? = nil)
+        async throws(ServiceError) -> Profile
+    {
+        let username = try Self.validated(username)
+        try Self.validate(imagePath: imagePath, of: uid)
+        let (outbox, afterCommit) = (self.outbox, self.afterCommit)
+        return try await run { db in
+            if try ProfileRow.exists(db, key: uid) { throw Self.profileExists }
+            let now = Timestamp.now()
+            let row = ProfileRow(
+                uid: uid, username: username, usernameKey: UsernameRules.uniquenessKey(username),
+                imagePath: imagePath, createdAt: now, updatedAt: now)
+            try Self.claimingUsername { try row.insert(db) }
+            try outbox.append(ProfileCreated(profile: row.profile), uid: uid, correlationId: correlationId, in: db)
+            Self.tell(afterCommit, uid: uid, profile: row.profile, in: db)
+            return row.profile
+        }
+    }
+
+    /// Changes the username and/or image path of `uid`'s profile and records `ProfileUpdated`.
+    ///
+    /// A field that is `nil` stays as it is. When nothing would change, the profile is returned
+    /// as it is and no event is recorded.
+    /// - Throws: `invalidUsername`, `invalidRequest` (an image path that is not `<uid>/<file>`), `profileNotFound`,
+    ///   `usernameTaken` or `storeUnavailable`.
+    public func update(uid: String, username: String?, imagePath: String?, correlationId: String? = nil)
+        async throws(ServiceError) -> Profile
+    {
+        let username = try username.map { name throws(ServiceError) in try Self.validated(name) }
+        try Self.validate(imagePath: imagePath, of: uid)
+        let (outbox, afterCommit) = (self.outbox, self.afterCommit)
+        return try await run { db in
+            guard var row = try ProfileRow.fetchOne(db, key: uid) else {
+                throw ServiceError(.profileNotFound, "This person has no profile to change; create it with profile.create.")
+            }
+            let before = row
+            if let username {
+                row.username = username
+                row.usernameKey = UsernameRules.uniquenessKey(username)
+            }
+            if let imagePath { row.imagePath = imagePath }
+            guard row != before else { return row.profile }
+            row.updatedAt = Timestamp.now()
+            try Self.claimingUsername { try row.update(db) }
+            try outbox.append(ProfileUpdated(profile: row.profile), uid: uid, correlationId: correlationId, in: db)
+            Self.tell(afterCommit, uid: uid, profile: row.profile, in: db)
+            return row.profile
+        }
+    }
+
+    /// Deletes `uid`'s profile, freeing its username, and records `ProfileDeleted` when there
+    /// was one.
+    ///
+    /// - Returns: `false` when there was no profile to delete.
+    /// - Throws: `storeUnavailable`.
+    public func delete(uid: String, reason: DeletionReason, correlationId: String? = nil) async throws(ServiceError) -> Bool {
+        let (outbox, afterCommit) = (self.outbox, self.afterCommit)
+        return try await run { db in
+            guard try ProfileRow.deleteOne(db, key: uid) else { return false }
+            try outbox.append(ProfileDeleted(uid: uid, reason: reason), uid: uid, correlationId: correlationId, in: db)
+            Self.tell(afterCommit, uid: uid, profile: nil, in: db)
+            return true
+        }
+    }
+
+    // MARK: Rules
+
+    private static let profileExists = ServiceError(
+        .profileExists, "This person already has a profile; change it with profile.update.")
+
+    private static func validated(_ username: String) throws(ServiceError) -> String {
+        let normalized = UsernameRules.normalized(username)
+        if let problem = UsernameRules.formatProblem(normalized) { throw .username(problem) }
+        return normalized
+    }
+
+    /// An image path must name one of the person's own images, as image-upload returns them:
+    /// `<uid>/<file>`.
+    private static func validate(imagePath: String?, of uid: String) throws(ServiceError) {
+        guard let imagePath else { return }
+        let prefix = uid + "/"
+        let file = imagePath.hasPrefix(prefix) ? imagePath.dropFirst(prefix.count) : ""
+        guard !file.isEmpty, !file.contains("/"), file != ".", file != ".." else {
+            throw ServiceError(
+                .invalidRequest,
+                "imagePath must be the path image.upload returned for this person (<uid>/<file>); leave it out when there is no image.")
+        }
+    }
+
+    private static func tell(_ observer: CommitObserver?, uid: String, profile: Profile?, in db: Database) {
+        guard let observer else { return }
+        db.afterNextTransaction { _ in observer(uid, profile) }
+    }
+
+    /// Runs a write that may claim a username, turning the database's verdict on uniqueness into
+    /// the domain's.
+    private static func claimingUsername(_ write: () throws -> Void) throws {
+        do {
+            try write()
+        } catch let error as DatabaseError where error.extendedResultCode == .SQLITE_CONSTRAINT_UNIQUE {
+            throw ServiceError.username(.duplicated)
+        } catch let error as DatabaseError where error.extendedResultCode == .SQLITE_CONSTRAINT_PRIMARYKEY {
+            throw profileExists
+        }
+    }
+
+    private func run<T: Sendable>(write: Bool = true, _ body: @escaping @Sendable (Database) throws -> T)
+        async throws(ServiceError) -> T
+    {
+        do {
+            return write ? try await writer.write(body) : try await writer.read(body)
+        } catch let error as ServiceError {
+            throw error
+        } catch {
+            logger.error("The profile store failed: \(error)")
+            throw ServiceError(.storeUnavailable, "The profile store failed. Nothing was changed; try again.")
+        }
+    }
+}
+
+/// A row of the `profile` table.
+struct ProfileRow: Codable, Hashable, FetchableRecord, PersistableRecord {
+    static let databaseTableName = "profile"
+
+    enum Columns {
+        static let usernameKey = Column(CodingKeys.usernameKey)
+    }
+
+    var uid: String
+    /// As entered, in NFC.
+    var username: String
+    /// NFC and lowercased: what uniqueness is decided on.
+    var usernameKey: String
+    var imagePath: String?
+    var createdAt: String
+    var updatedAt: String
+
+    var profile: Profile {
+        Profile(uid: uid, username: username, imagePath: imagePath, createdAt: createdAt, updatedAt: updatedAt)
+    }
+}
