@@ -12,6 +12,7 @@ struct AuthServiceTests {
     let events = Defaults.authEvents
 
     /// Runs auth (dev mode unless told otherwise) on this test's bus for the length of `body`.
+    @discardableResult
     func withAuth<Result: Sendable>(
         devMode: Bool = true, databasePath: String? = nil, identities: (any IdentityVerifier)? = nil,
         bus: InProcessBus? = nil, _ body: () async throws -> Result

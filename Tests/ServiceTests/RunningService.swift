@@ -10,6 +10,7 @@ let quietLogger = Logger(label: "test") { _ in SwiftLogNoOpLogHandler() }
 
 /// Runs `service` in a child task, waits until it answers `health` at `endpoint`, runs `body`,
 /// then cancels the service and waits for it to finish (so its database is closed afterwards).
+@discardableResult
 func withRunningService<Result: Sendable>(
     _ service: some Service, on bus: any MessageBus, answeringAt endpoint: Endpoint,
     _ body: () async throws -> Result
@@ -30,6 +31,7 @@ func withRunningService<Result: Sendable>(
 }
 
 /// A fresh folder under the system's temporary directory, removed after `body`.
+@discardableResult
 func withTemporaryDirectory<Result>(_ body: (String) async throws -> Result) async throws -> Result {
     let path = FileManager.default.temporaryDirectory
         .appendingPathComponent("onboarding-tests-\(UUID().uuidString.lowercased())").path
