@@ -26,6 +26,7 @@ public struct AuthService: Service {
         /// The SQLite file; `nil` keeps everything in memory (tests).
         public var databasePath: String?
         /// Accept sign-ins by provider subject alone, without an ID token (local use only).
+        /// Ignored when an ``IdentityVerifier`` is given to ``AuthService/init(configuration:bus:logger:identities:)``.
         public var devMode: Bool
 
         public init(

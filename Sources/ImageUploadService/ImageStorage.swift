@@ -12,7 +12,7 @@ import Darwin
 ///
 /// Threading: every method does blocking file I/O on the calling thread. Images are at most a
 /// few MiB, so this runs inline on the cooperative pool; all file access goes through
-/// ``io(_:_:)`` so that it can move to a dedicated thread in one place.
+/// `io(_:_:)` so that it can move to a dedicated thread in one place.
 struct ImageStorage: Sendable {
     let root: String
 

@@ -16,7 +16,8 @@ import ServiceRuntime
 /// - `image.deleteAll`: every image of the person.
 ///
 /// Thread safety: a value type; ``run()`` is called once, from a `ServiceGroup` or a test task.
-/// File I/O is blocking and runs inline (see `ImageStorage`).
+/// File writes and deletes block the handling task briefly (images are at most a few MiB); they
+/// all go through one internal funnel so they can move to a dedicated thread later.
 public struct ImageUploadService: Service {
     public struct Configuration: Sendable {
         /// Where requests are answered.
