@@ -1,0 +1,131 @@
+import Logging
+import Messaging
+import OnboardingAPI
+import ServiceLifecycle
+import ServiceRuntime
+
+/// The auth service: turns a provider account into a stable uid, keeps sessions, and publishes
+/// `auth.signedIn`, `auth.signedOut` and `auth.withdrawn`.
+///
+/// Requests (at ``Configuration/rpc``):
+/// - `auth.signIn` (open): verifies the identity, finds or creates the account, opens a session.
+/// - `auth.signOut` (session): ends the envelope's session.
+/// - `auth.withdraw` (session): deletes the account and all its sessions.
+/// - `auth.verifySession` (open): which uid a token belongs to, or `unauthenticated`.
+///
+/// Each event is written to the outbox in the same transaction as the change it reports and
+/// published at ``Configuration/events`` after commit.
+///
+/// Thread safety: a value type; ``run()`` is called once, from a `ServiceGroup` or a test task.
+public struct AuthService: Service {
+    public struct Configuration: Sendable {
+        /// Where requests are answered.
+        public var rpc: Endpoint
+        /// Where events are published.
+        public var events: Endpoint
+        /// The SQLite file; `nil` keeps everything in memory (tests).
+        public var databasePath: String?
+        /// Accept sign-ins by provider subject alone, without an ID token (local use only).
+        /// Ignored when an ``IdentityVerifier`` is given to ``AuthService/init(configuration:bus:logger:identities:)``.
+        public var devMode: Bool
+
+        public init(
+            rpc: Endpoint = Defaults.authRPC,
+            events: Endpoint = Defaults.authEvents,
+            databasePath: String? = nil,
+            devMode: Bool = false
+        ) {
+            self.rpc = rpc
+            self.events = events
+            self.databasePath = databasePath
+            self.devMode = devMode
+        }
+    }
+
+    public let configuration: Configuration
+    private let bus: any MessageBus
+    private let logger: Logger
+    private let identities: any IdentityVerifier
+    private let trustsSubjects: Bool
+
+    /// - Parameter identities: verifies sign-ins. When `nil`, dev mode picks
+    ///   ``DevModeIdentityVerifier``; without dev mode every sign-in is refused with
+    ///   `unauthenticated` until real ID-token verification exists.
+    /// - Throws: ``ServiceError`` `invalidRequest` when the configuration cannot work (the same
+    ///   endpoint for requests and events, or an empty database path).
+    public init(
+        configuration: Configuration, bus: any MessageBus, logger: Logger, identities: (any IdentityVerifier)? = nil
+    ) throws {
+        guard configuration.rpc != configuration.events else {
+            throw ServiceError(
+                .invalidRequest, "auth needs different endpoints for requests and events; both are \(configuration.rpc).")
+        }
+        guard configuration.databasePath?.isEmpty != true else {
+            throw ServiceError(.invalidRequest, "auth's database path is empty; give a file path, or nil for memory.")
+        }
+        self.configuration = configuration
+        self.bus = bus
+        self.logger = logger
+        if let identities {
+            self.identities = identities
+            self.trustsSubjects = false
+        } else if configuration.devMode {
+            self.identities = DevModeIdentityVerifier()
+            self.trustsSubjects = true
+        } else {
+            self.identities = UnavailableIdentityVerifier()
+            self.trustsSubjects = false
+        }
+    }
+
+    /// Opens and migrates the database, binds the event publisher, and answers requests until
+    /// graceful shutdown or cancellation, letting requests in flight finish.
+    ///
+    /// - Throws: a database error when the store cannot be opened or migrated, or the bus's
+    ///   ``ServiceError`` (such as `addressInUse`) when an endpoint cannot be bound.
+    public func run() async throws {
+        if trustsSubjects {
+            logger.warning("DEV MODE: sign-in accepts provider subjects without ID tokens. Never run this in production.")
+        }
+        let database = try ServiceDatabase.open(path: configuration.databasePath)
+        try AuthStore.migrator.migrate(database)
+        let publisher = try await bus.publisher(at: configuration.events)
+        defer { publisher.close() }
+        logger.info("auth publishes events at \(configuration.events)")
+        let store = AuthStore(database: database, outbox: Outbox(source: ServiceName.auth, publisher: publisher))
+        let server = RequestServer(
+            bus: bus, endpoint: configuration.rpc,
+            dispatcher: Self.dispatcher(store: store, identities: identities, logger: logger), logger: logger)
+        try await server.run()
+    }
+
+    private static func dispatcher(store: AuthStore, identities: any IdentityVerifier, logger: Logger) -> RequestDispatcher {
+        var dispatcher = RequestDispatcher(source: ServiceName.auth, sessions: store, logger: logger)
+        dispatcher.on(SignIn.self, access: .open) { request, context in
+            let subject = try await identities.verify(
+                provider: request.provider, subject: request.subject, idToken: request.idToken)
+            let result = try await store.signIn(
+                provider: request.provider, subject: subject, correlationId: context.message.header.id)
+            logger.info(
+                "signed in",
+                metadata: ["uid": "\(result.uid)", "provider": "\(result.provider.rawValue)", "new": "\(result.isNewAccount)"])
+            return result
+        }
+        dispatcher.on(SignOut.self, access: .session) { _, context in
+            let uid = try await store.signOut(
+                token: context.message.header.sessionToken ?? "", correlationId: context.message.header.id)
+            logger.info("signed out", metadata: ["uid": "\(uid)"])
+            return AccountResult(uid: uid)
+        }
+        dispatcher.on(Withdraw.self, access: .session) { _, context in
+            let uid = try await store.withdraw(
+                token: context.message.header.sessionToken ?? "", correlationId: context.message.header.id)
+            logger.notice("withdrawn", metadata: ["uid": "\(uid)"])
+            return AccountResult(uid: uid)
+        }
+        dispatcher.on(VerifySession.self, access: .open) { request, _ in
+            AccountResult(uid: try await store.uid(forSessionToken: request.sessionToken))
+        }
+        return dispatcher
+    }
+}

@@ -1,0 +1,54 @@
+import Foundation
+import Messaging
+import OnboardingAPI
+
+/// Proves that the person signing in controls the provider account they name.
+///
+/// This is the seam for verifying real provider ID tokens (Google, Apple, Kakao, Naver): an
+/// implementation checks `idToken`'s signature, issuer, audience and expiry, and returns the
+/// token's `sub`. Auth keys accounts on the subject this returns, never on the one sent.
+///
+/// Thread safety: implementations are `Sendable`; auth calls `verify` from many tasks at once.
+public protocol IdentityVerifier: Sendable {
+    /// Checks a sign-in and returns the verified provider subject.
+    ///
+    /// - Throws: ``ServiceError`` `unauthenticated` when the proof fails, `invalidRequest` when
+    ///   the input is malformed, or `dependencyUnavailable` when the provider could not be asked.
+    func verify(provider: Provider, subject: String, idToken: String?) async throws -> String
+}
+
+/// Local development only: trusts the subject as sent, with or without an ID token.
+///
+/// The subject is trimmed of surrounding white space and must then be 1 to
+/// ``maximumSubjectLength`` characters long. Never use this in production: anyone can sign in
+/// as anyone.
+public struct DevModeIdentityVerifier: IdentityVerifier {
+    public static let maximumSubjectLength = 256
+
+    public init() {}
+
+    /// - Returns: the trimmed subject.
+    /// - Throws: ``ServiceError`` `invalidRequest` when the subject is empty or too long.
+    public func verify(provider: Provider, subject: String, idToken: String?) async throws -> String {
+        let trimmed = subject.trimmingCharacters(in: .whitespacesAndNewlines)
+        guard !trimmed.isEmpty else {
+            throw ServiceError(.invalidRequest, "Field 'subject' is empty; send the provider account's id.")
+        }
+        guard trimmed.count <= Self.maximumSubjectLength else {
+            throw ServiceError(
+                .invalidRequest,
+                "Field 'subject' has \(trimmed.count) characters; at most \(Self.maximumSubjectLength) are accepted.")
+        }
+        return trimmed
+    }
+}
+
+/// What auth uses when dev mode is off and no real verifier was given: it refuses every sign-in.
+struct UnavailableIdentityVerifier: IdentityVerifier {
+    func verify(provider: Provider, subject: String, idToken: String?) async throws -> String {
+        throw ServiceError(
+            .unauthenticated,
+            "Verifying \(provider.rawValue) ID tokens is not built yet, so this auth service cannot sign anyone in. "
+                + "For local use, start auth with --dev-mode (or ONBOARDING_AUTH_DEV_MODE=1).")
+    }
+}

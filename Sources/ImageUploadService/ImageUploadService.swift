@@ -1,0 +1,140 @@
+import Foundation
+import Logging
+import Messaging
+import OnboardingAPI
+import ServiceLifecycle
+import ServiceRuntime
+
+/// The image-upload service: stores profile images under the person's uid and deletes them.
+///
+/// Requests (at ``Configuration/rpc``, all from other services, naming the person in the
+/// envelope's `uid`):
+/// - `image.upload`: the image as the binary frame; accepted only when its bytes are a PNG,
+///   JPEG, WebP or HEIC image within ``Configuration/maxImageBytes`` (the declared content type
+///   is not trusted). Answers the stored path `<uid>/<file>`; file names are made here.
+/// - `image.delete`: one image, by the path upload returned.
+/// - `image.deleteAll`: every image of the person.
+///
+/// Thread safety: a value type; ``run()`` is called once, from a `ServiceGroup` or a test task.
+/// File writes and deletes block the handling task briefly (images are at most a few MiB); they
+/// all go through one internal funnel so they can move to a dedicated thread later.
+public struct ImageUploadService: Service {
+    public struct Configuration: Sendable {
+        /// Where requests are answered.
+        public var rpc: Endpoint
+        /// The images root; each person's images are in a folder named after their uid.
+        public var directory: String
+        /// The largest image accepted, in bytes.
+        public var maxImageBytes: Int
+
+        public init(rpc: Endpoint = Defaults.imageRPC, directory: String, maxImageBytes: Int = Defaults.maxImageBytes) {
+            self.rpc = rpc
+            self.directory = directory
+            self.maxImageBytes = maxImageBytes
+        }
+
+        /// What the endpoint accepts: a small envelope, and attachments up to twice the image
+        /// limit, so that an image somewhat over the limit gets the typed `imageRejected`
+        /// (`tooLarge`) rather than the bus's `messageTooLarge`.
+        public var limits: MessageLimits {
+            let (doubled, overflow) = maxImageBytes.multipliedReportingOverflow(by: 2)
+            return MessageLimits(maxEnvelopeBytes: 64 * 1024, maxAttachmentBytes: overflow ? .max : doubled)
+        }
+    }
+
+    public let configuration: Configuration
+    private let bus: any MessageBus
+    private let logger: Logger
+
+    /// - Throws: ``ServiceError`` `invalidRequest` when the directory is empty or the image
+    ///   limit is not positive.
+    public init(configuration: Configuration, bus: any MessageBus, logger: Logger) throws {
+        guard !configuration.directory.isEmpty else {
+            throw ServiceError(.invalidRequest, "image-upload's images directory is empty; give a folder path.")
+        }
+        guard configuration.maxImageBytes > 0 else {
+            throw ServiceError(
+                .invalidRequest, "image-upload's image limit is \(configuration.maxImageBytes) bytes; it must be positive.")
+        }
+        self.configuration = configuration
+        self.bus = bus
+        self.logger = logger
+    }
+
+    /// Creates the images root if needed and answers requests until graceful shutdown or
+    /// cancellation, letting requests in flight finish.
+    ///
+    /// - Throws: ``ServiceError`` `storeUnavailable` when the images root cannot be created, or
+    ///   the bus's error (such as `addressInUse`) when the endpoint cannot be bound.
+    public func run() async throws {
+        let storage = ImageStorage(root: configuration.directory)
+        try storage.prepare()
+        logger.info("image-upload keeps images in \(configuration.directory)")
+        let server = RequestServer(
+            bus: bus, endpoint: configuration.rpc, limits: configuration.limits,
+            dispatcher: Self.dispatcher(storage: storage, maxImageBytes: configuration.maxImageBytes, logger: logger),
+            logger: logger)
+        try await server.run()
+    }
+
+    private static func dispatcher(storage: ImageStorage, maxImageBytes: Int, logger: Logger) -> RequestDispatcher {
+        var dispatcher = RequestDispatcher(source: ServiceName.imageUpload, sessions: nil, logger: logger)
+        dispatcher.on(UploadImage.self, access: .service, attachment: .required) { _, context in
+            let uid = try safeUID(context)
+            let bytes = context.attachment ?? Data()
+            let kind = try judge(bytes, maxImageBytes: maxImageBytes)
+            let path = try storage.store(bytes, kind: kind, uid: uid)
+            logger.info("stored image", metadata: ["uid": "\(uid)", "path": "\(path)", "bytes": "\(bytes.count)"])
+            return StoredImage(path: path, kind: kind, bytes: bytes.count)
+        }
+        dispatcher.on(DeleteImage.self, access: .service) { request, context in
+            let uid = try safeUID(context)
+            guard let file = ImagePaths.fileName(in: request.path, uid: uid) else {
+                throw ServiceError(
+                    .invalidRequest,
+                    "Field 'path' must be exactly '<uid>/<file>' as image.upload returned it, for the envelope's uid.")
+            }
+            guard try storage.delete(uid: uid, file: file) else {
+                throw ServiceError(.imageNotFound, "There is no image \(request.path).")
+            }
+            logger.info("deleted image", metadata: ["uid": "\(uid)", "path": "\(request.path)"])
+            return DeletedImages(deleted: 1)
+        }
+        dispatcher.on(DeleteAllImages.self, access: .service) { _, context in
+            let uid = try safeUID(context)
+            let deleted = try storage.deleteAll(uid: uid)
+            logger.info("deleted all images", metadata: ["uid": "\(uid)", "count": "\(deleted)"])
+            return DeletedImages(deleted: deleted)
+        }
+        return dispatcher
+    }
+
+    private static func safeUID(_ context: RequestContext) throws -> String {
+        let uid = try context.requireUID()
+        guard ImagePaths.isSafeUID(uid) else {
+            throw ServiceError(.invalidRequest, "The envelope's uid must be 1 to 64 of A-Z, a-z, 0-9, _ and -.")
+        }
+        return uid
+    }
+
+    /// Decides whether `bytes` are an acceptable image: not empty, within the limit, and of an
+    /// accepted kind by their magic numbers.
+    static func judge(_ bytes: Data, maxImageBytes: Int) throws(ServiceError) -> ImageKind {
+        guard !bytes.isEmpty else {
+            throw ServiceError(.imageRejected, "The image is empty.", reason: "empty")
+        }
+        guard bytes.count <= maxImageBytes else {
+            throw ServiceError(
+                .imageRejected, "The image is \(bytes.count) bytes; the limit is \(maxImageBytes) bytes.",
+                reason: "tooLarge")
+        }
+        guard let kind = ImageSniffer.kind(of: bytes) else {
+            let accepted = ImageKind.allCases.map(\.rawValue).joined(separator: ", ")
+            throw ServiceError(
+                .imageRejected,
+                "The bytes are not an image of an accepted kind (\(accepted)), whatever the content type says.",
+                reason: "unsupportedType")
+        }
+        return kind
+    }
+}

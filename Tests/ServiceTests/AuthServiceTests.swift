@@ -1,0 +1,267 @@
+import AuthService
+import Foundation
+import Messaging
+import OnboardingAPI
+import ServiceRuntime
+import Testing
+
+@Suite("auth", .timeLimit(.minutes(1)))
+struct AuthServiceTests {
+    let bus = InProcessBus()
+    let rpc = Defaults.authRPC
+    let events = Defaults.authEvents
+
+    /// Runs auth (dev mode unless told otherwise) on this test's bus for the length of `body`.
+    @discardableResult
+    func withAuth<Result: Sendable>(
+        devMode: Bool = true, databasePath: String? = nil, identities: (any IdentityVerifier)? = nil,
+        bus: InProcessBus? = nil, _ body: () async throws -> Result
+    ) async throws -> Result {
+        let bus = bus ?? self.bus
+        let configuration = AuthService.Configuration(rpc: rpc, events: events, databasePath: databasePath, devMode: devMode)
+        let service = try AuthService(configuration: configuration, bus: bus, logger: quietLogger, identities: identities)
+        return try await withRunningService(service, on: bus, answeringAt: rpc, body)
+    }
+
+    func signIn(_ provider: Provider, _ subject: String, idToken: String? = nil, on bus: InProcessBus? = nil) async throws -> SignInResult {
+        try await (bus ?? self.bus).call(SignIn(provider: provider, subject: subject, idToken: idToken), to: rpc, source: "test")
+    }
+
+    func signOut(token: String?) async throws -> AccountResult {
+        try await bus.call(SignOut(), to: rpc, source: "test", sessionToken: token)
+    }
+
+    func withdraw(token: String?) async throws -> AccountResult {
+        try await bus.call(Withdraw(), to: rpc, source: "test", sessionToken: token)
+    }
+
+    func verify(_ token: String, on bus: InProcessBus? = nil) async throws -> AccountResult {
+        try await (bus ?? self.bus).call(VerifySession(sessionToken: token), to: rpc, source: "test")
+    }
+
+    @discardableResult
+    func expectError(_ code: ErrorCode, _ body: () async throws -> some Any) async -> ServiceError? {
+        let error = await #expect(throws: ServiceError.self) { _ = try await body() }
+        #expect(error?.code == code, "\(String(describing: error))")
+        return error
+    }
+
+    // MARK: Accounts
+
+    @Test("signing in again with the same provider account gives the same uid")
+    func sameAccountSameUID() async throws {
+        try await withAuth {
+            let first = try await signIn(.google, "alice")
+            let second = try await signIn(.google, "alice")
+            #expect(first.uid == second.uid)
+            #expect(first.isNewAccount)
+            #expect(!second.isNewAccount)
+            #expect(first.sessionToken != second.sessionToken)
+            #expect(UUID(uuidString: first.uid) != nil && first.uid == first.uid.lowercased())
+        }
+    }
+
+    @Test("the same subject at a different provider is a different person")
+    func differentProviderDifferentUID() async throws {
+        try await withAuth {
+            let google = try await signIn(.google, "12345")
+            let kakao = try await signIn(.kakao, "12345")
+            #expect(google.uid != kakao.uid)
+            #expect(kakao.isNewAccount)
+            #expect(kakao.provider == .kakao)
+        }
+    }
+
+    @Test("a subject is trimmed, so surrounding spaces do not make a second account")
+    func subjectIsTrimmed() async throws {
+        try await withAuth {
+            let plain = try await signIn(.apple, "bob")
+            let padded = try await signIn(.apple, "  bob \n")
+            #expect(plain.uid == padded.uid)
+        }
+    }
+
+    @Test("an empty or overlong subject is refused as an invalid request", arguments: ["", "   ", String(repeating: "x", count: 257)])
+    func badSubject(subject: String) async throws {
+        try await withAuth {
+            await expectError(.invalidRequest) { try await signIn(.naver, subject) }
+            try await bus.waitUntilAnswering(rpc, source: "test")
+        }
+    }
+
+    @Test("session tokens are 32 random bytes in base64url without padding")
+    func tokenFormat() async throws {
+        try await withAuth {
+            let token = try await signIn(.google, "alice").sessionToken
+            #expect(token.count == 43)
+            #expect(token.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") })
+        }
+    }
+
+    @Test("simultaneous first sign-ins of one account make exactly one account")
+    func concurrentFirstSignIns() async throws {
+        try await withTemporaryDirectory { directory in
+            try await withAuth(databasePath: "\(directory)/auth.sqlite") {
+                let results = try await withThrowingTaskGroup(of: SignInResult.self) { group in
+                    for _ in 0..<20 {
+                        group.addTask { try await signIn(.apple, "simultaneous") }
+                    }
+                    return try await group.reduce(into: []) { $0.append($1) }
+                }
+                #expect(Set(results.map(\.uid)).count == 1)
+                #expect(results.filter(\.isNewAccount).count == 1)
+                #expect(Set(results.map(\.sessionToken)).count == 20)
+            }
+        }
+    }
+
+    @Test("an unknown provider is refused with a message that names the field")
+    func unknownProvider() async throws {
+        struct LooseSignIn: Codable, Sendable { var provider: String; var subject: String }
+        try await withAuth {
+            let envelope = Envelope(header: EnvelopeHeader(type: SignIn.type, source: "test"),
+                                    payload: LooseSignIn(provider: "myspace", subject: "tom"))
+            let reply = try await bus.request(try OutgoingMessage(envelope), to: rpc, timeout: .seconds(3))
+            let error = try #require(reply.serviceError)
+            #expect(error.code == .invalidMessage)
+            #expect(error.message.contains("provider"))
+        }
+    }
+
+    // MARK: Identity verification
+
+    @Test("with dev mode off and no verifier, sign-in is refused and the message points to --dev-mode")
+    func devModeOff() async throws {
+        try await withAuth(devMode: false) {
+            let error = await expectError(.unauthenticated) { try await signIn(.google, "alice", idToken: "eyJ...") }
+            #expect(error?.message.contains("--dev-mode") == true)
+            try await bus.waitUntilAnswering(rpc, source: "test")
+        }
+    }
+
+    @Test("a given identity verifier decides the subject, even with dev mode off")
+    func customVerifier() async throws {
+        struct TokenIsSubject: IdentityVerifier {
+            func verify(provider: Provider, subject: String, idToken: String?) async throws -> String {
+                guard let idToken else { throw ServiceError(.unauthenticated, "An ID token is required.") }
+                return idToken
+            }
+        }
+        try await withAuth(devMode: false, identities: TokenIsSubject()) {
+            let claimed = try await signIn(.google, "whatever", idToken: "verified-sub")
+            let same = try await signIn(.google, "something else", idToken: "verified-sub")
+            #expect(claimed.uid == same.uid)
+            await expectError(.unauthenticated) { try await signIn(.google, "verified-sub") }
+        }
+    }
+
+    // MARK: Sessions
+
+    @Test("a live session token verifies to its uid")
+    func verifyLiveSession() async throws {
+        try await withAuth {
+            let session = try await signIn(.kakao, "mina")
+            #expect(try await verify(session.sessionToken).uid == session.uid)
+            await expectError(.unauthenticated) { try await verify("not-a-token") }
+            await expectError(.unauthenticated) { try await verify("") }
+        }
+    }
+
+    @Test("signing out ends that session only")
+    func signOutInvalidatesToken() async throws {
+        try await withAuth {
+            let phone = try await signIn(.google, "alice")
+            let tablet = try await signIn(.google, "alice")
+            #expect(try await signOut(token: phone.sessionToken).uid == phone.uid)
+            await expectError(.unauthenticated) { try await verify(phone.sessionToken) }
+            await expectError(.unauthenticated) { try await signOut(token: phone.sessionToken) }
+            #expect(try await verify(tablet.sessionToken).uid == tablet.uid)
+        }
+    }
+
+    @Test("withdrawing deletes the account and every session; signing in again makes a new uid")
+    func withdrawRemovesAccount() async throws {
+        try await withAuth {
+            let phone = try await signIn(.naver, "jun")
+            let tablet = try await signIn(.naver, "jun")
+            #expect(try await withdraw(token: phone.sessionToken).uid == phone.uid)
+            await expectError(.unauthenticated) { try await verify(phone.sessionToken) }
+            await expectError(.unauthenticated) { try await verify(tablet.sessionToken) }
+            await expectError(.unauthenticated) { try await withdraw(token: tablet.sessionToken) }
+            let again = try await signIn(.naver, "jun")
+            #expect(again.uid != phone.uid)
+            #expect(again.isNewAccount)
+        }
+    }
+
+    @Test("signing out or withdrawing without a valid token is unauthenticated", arguments: [nil, "", "forged-token"])
+    func badTokens(token: String?) async throws {
+        try await withAuth {
+            let session = try await signIn(.google, "alice")
+            await expectError(.unauthenticated) { try await signOut(token: token) }
+            await expectError(.unauthenticated) { try await withdraw(token: token) }
+            #expect(try await verify(session.sessionToken).uid == session.uid)
+        }
+    }
+
+    // MARK: Events
+
+    @Test("sign-in, sign-out and withdrawal are published in order with growing sequence numbers")
+    func events() async throws {
+        try await withAuth {
+            let stream = try await bus.subscribe(to: [events], topics: ["auth."], limits: MessageLimits())
+            var received = stream.makeAsyncIterator()
+
+            let first = try await signIn(.google, "alice")
+            _ = try await signOut(token: first.sessionToken)
+            let second = try await signIn(.google, "alice")
+            _ = try await withdraw(token: second.sessionToken)
+
+            var messages: [Message] = []
+            for _ in 0..<4 {
+                messages.append(try #require(await received.next()))
+            }
+            #expect(messages.map(\.header.type) == [SignedIn.type, SignedOut.type, SignedIn.type, Withdrawn.type])
+            #expect(messages.map(\.topic) == [SignedIn.type, SignedOut.type, SignedIn.type, Withdrawn.type])
+            let sequences = messages.map(\.header.sequence)
+            #expect(zip(sequences, sequences.dropFirst()).allSatisfy { $0 < $1 })
+            #expect(messages.allSatisfy { $0.header.source == ServiceName.auth && $0.header.uid == first.uid })
+            #expect(try messages[0].payload(as: SignedIn.self) == SignedIn(uid: first.uid, provider: .google, isNewAccount: true))
+            #expect(try messages[1].payload(as: SignedOut.self) == SignedOut(uid: first.uid))
+            #expect(try messages[2].payload(as: SignedIn.self) == SignedIn(uid: first.uid, provider: .google, isNewAccount: false))
+            #expect(try messages[3].payload(as: Withdrawn.self) == Withdrawn(uid: first.uid))
+        }
+    }
+
+    @Test("a refused request publishes no event")
+    func noEventOnRefusal() async throws {
+        try await withAuth {
+            let stream = try await bus.subscribe(to: [events], topics: [""], limits: MessageLimits())
+            var received = stream.makeAsyncIterator()
+            await expectError(.unauthenticated) { try await signOut(token: "forged-token") }
+            await expectError(.invalidRequest) { try await signIn(.google, " ") }
+            let marker = try await signIn(.apple, "marker")
+            let next = try #require(await received.next())
+            #expect(next.header.type == SignedIn.type)
+            #expect(next.header.uid == marker.uid)
+        }
+    }
+
+    // MARK: Persistence
+
+    @Test("accounts and sessions survive a restart on the same database file")
+    func persistenceAcrossRestart() async throws {
+        try await withTemporaryDirectory { directory in
+            let path = "\(directory)/auth.sqlite"
+            let before = try await withAuth(databasePath: path) { try await signIn(.apple, "persistent") }
+
+            let restarted = InProcessBus()
+            try await withAuth(databasePath: path, bus: restarted) {
+                #expect(try await verify(before.sessionToken, on: restarted).uid == before.uid)
+                let again = try await signIn(.apple, "persistent", on: restarted)
+                #expect(again.uid == before.uid)
+                #expect(!again.isNewAccount)
+            }
+        }
+    }
+}

@@ -1,0 +1,253 @@
+import Foundation
+import ImageUploadService
+import Messaging
+import OnboardingAPI
+import ServiceRuntime
+import Testing
+
+/// Minimal real headers of each kind, and of things that are not accepted images.
+enum SampleBytes {
+    static func ascii(_ text: String) -> [UInt8] { Array(text.utf8) }
+
+    static let png: [UInt8] = [0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A]
+        + [0x00, 0x00, 0x00, 0x0D] + ascii("IHDR") + [0, 0, 0, 1, 0, 0, 0, 1, 8, 6, 0, 0, 0]
+    static let jpeg: [UInt8] = [0xFF, 0xD8, 0xFF, 0xE0, 0x00, 0x10] + ascii("JFIF") + [0x00, 0x01, 0x01]
+    static let webp: [UInt8] = ascii("RIFF") + [0x1A, 0x00, 0x00, 0x00] + ascii("WEBPVP8L") + [0x0D, 0, 0, 0, 0x2F]
+    static let heic: [UInt8] = [0x00, 0x00, 0x00, 0x18] + ascii("ftypheic") + [0, 0, 0, 0] + ascii("mif1heic")
+    static let heifWithHEICCompatibleBrand: [UInt8] = [0x00, 0x00, 0x00, 0x18] + ascii("ftypmif1") + [0, 0, 0, 0]
+        + ascii("mif1heic")
+    static let avif: [UInt8] = [0x00, 0x00, 0x00, 0x1C] + ascii("ftypavif") + [0, 0, 0, 0] + ascii("avifmif1miaf")
+    static let mp4: [UInt8] = [0x00, 0x00, 0x00, 0x18] + ascii("ftypisom") + [0, 0, 0, 0] + ascii("isomiso2")
+    static let gif: [UInt8] = ascii("GIF89a") + [0x01, 0x00, 0x01, 0x00, 0x80, 0x00, 0x00]
+    static let pdf: [UInt8] = ascii("%PDF-1.7\n%\u{e2}\u{e3}")
+    static let wave: [UInt8] = ascii("RIFF") + [0x24, 0, 0, 0] + ascii("WAVEfmt ")
+    static let text: [UInt8] = ascii("hello, this is not an image")
+
+    static func image(_ kind: ImageKind) -> [UInt8] {
+        switch kind {
+        case .png: png
+        case .jpeg: jpeg
+        case .webp: webp
+        case .heic: heic
+        }
+    }
+}
+
+struct SniffCase: Sendable, CustomTestStringConvertible {
+    var name: String
+    var bytes: [UInt8]
+    var expected: ImageKind?
+    var testDescription: String { "\(name) → \(expected?.rawValue ?? "not an image")" }
+}
+
+@Suite("image sniffing")
+struct ImageUploadSnifferTests {
+    static let cases: [SniffCase] = [
+        SniffCase(name: "PNG", bytes: SampleBytes.png, expected: .png),
+        SniffCase(name: "JPEG", bytes: SampleBytes.jpeg, expected: .jpeg),
+        SniffCase(name: "WebP", bytes: SampleBytes.webp, expected: .webp),
+        SniffCase(name: "HEIC", bytes: SampleBytes.heic, expected: .heic),
+        SniffCase(name: "HEIF with a compatible heic brand", bytes: SampleBytes.heifWithHEICCompatibleBrand, expected: .heic),
+        SniffCase(name: "AVIF", bytes: SampleBytes.avif, expected: nil),
+        SniffCase(name: "MP4", bytes: SampleBytes.mp4, expected: nil),
+        SniffCase(name: "GIF", bytes: SampleBytes.gif, expected: nil),
+        SniffCase(name: "PDF", bytes: SampleBytes.pdf, expected: nil),
+        SniffCase(name: "WAVE in a RIFF", bytes: SampleBytes.wave, expected: nil),
+        SniffCase(name: "text", bytes: SampleBytes.text, expected: nil),
+        SniffCase(name: "truncated PNG signature", bytes: Array(SampleBytes.png.prefix(4)), expected: nil),
+        SniffCase(name: "truncated WebP header", bytes: Array(SampleBytes.webp.prefix(10)), expected: nil),
+        SniffCase(name: "nothing", bytes: [], expected: nil),
+    ]
+
+    @Test("an image's kind comes from its bytes", arguments: cases)
+    func sniff(_ sample: SniffCase) {
+        #expect(ImageSniffer.kind(of: sample.bytes) == sample.expected)
+        #expect(ImageSniffer.kind(of: Data(sample.bytes)) == sample.expected)
+    }
+}
+
+@Suite("image-upload", .timeLimit(.minutes(1)))
+struct ImageUploadServiceTests {
+    let bus = InProcessBus()
+    let rpc = Defaults.imageRPC
+    let uid = UUID().uuidString.lowercased()
+
+    /// Runs image-upload over a fresh temporary images root for the length of `body`.
+    @discardableResult
+    func withImages<Result: Sendable>(
+        maxImageBytes: Int = Defaults.maxImageBytes, _ body: (String) async throws -> Result
+    ) async throws -> Result {
+        try await withTemporaryDirectory { directory in
+            let configuration = ImageUploadService.Configuration(rpc: rpc, directory: directory, maxImageBytes: maxImageBytes)
+            let service = try ImageUploadService(configuration: configuration, bus: bus, logger: quietLogger)
+            return try await withRunningService(service, on: bus, answeringAt: rpc) { try await body(directory) }
+        }
+    }
+
+    func upload(_ bytes: [UInt8]?, contentType: String? = "image/png", uid: String? = nil) async throws -> StoredImage {
+        try await bus.call(
+            UploadImage(contentType: contentType), to: rpc, source: "test", uid: uid ?? self.uid,
+            attachment: bytes.map { Data($0) })
+    }
+
+    func delete(_ path: String, uid: String? = nil) async throws -> DeletedImages {
+        try await bus.call(DeleteImage(path: path), to: rpc, source: "test", uid: uid ?? self.uid)
+    }
+
+    func deleteAll(uid: String? = nil) async throws -> DeletedImages {
+        try await bus.call(DeleteAllImages(), to: rpc, source: "test", uid: uid ?? self.uid)
+    }
+
+    /// Expects `body` to fail with `code` (and `reason`), then that the service still answers.
+    @discardableResult
+    func expectRefusal(
+        _ code: ErrorCode, reason: String? = nil, _ body: () async throws -> some Any
+    ) async throws -> ServiceError? {
+        let error = await #expect(throws: ServiceError.self) { _ = try await body() }
+        #expect(error?.code == code, "\(String(describing: error))")
+        if let reason { #expect(error?.reason == reason, "\(String(describing: error))") }
+        #expect(try await bus.call(HealthCheck(), to: rpc, source: "test").status == "ok")
+        return error
+    }
+
+    func contents(of directory: String) -> [String] {
+        (try? FileManager.default.contentsOfDirectory(atPath: directory).sorted()) ?? []
+    }
+
+    // MARK: Uploading
+
+    @Test("an image of each accepted kind is stored under the person's uid", arguments: ImageKind.allCases)
+    func uploadEachKind(kind: ImageKind) async throws {
+        try await withImages { directory in
+            let bytes = SampleBytes.image(kind) + [UInt8](repeating: 0x42, count: 1000)
+            let stored = try await upload(bytes, contentType: "application/octet-stream")
+            #expect(stored.kind == kind)
+            #expect(stored.bytes == bytes.count)
+            #expect(stored.path.hasPrefix("\(uid)/") && stored.path.hasSuffix(".\(kind.fileExtension)"))
+            #expect(FileManager.default.contents(atPath: "\(directory)/\(stored.path)") == Data(bytes))
+            #expect(contents(of: "\(directory)/\(uid)") == [String(stored.path.dropFirst(uid.count + 1))])
+        }
+    }
+
+    @Test("the service names the files, so two uploads never collide")
+    func uploadsGetNewNames() async throws {
+        try await withImages { directory in
+            let first = try await upload(SampleBytes.png)
+            let second = try await upload(SampleBytes.png)
+            #expect(first.path != second.path)
+            #expect(contents(of: "\(directory)/\(uid)").count == 2)
+        }
+    }
+
+    @Test("bytes that are not an image are refused whatever the content type says")
+    func fakeImage() async throws {
+        try await withImages { directory in
+            let error = try await expectRefusal(.imageRejected, reason: "unsupportedType") {
+                try await upload(SampleBytes.gif, contentType: "image/png")
+            }
+            for kind in ImageKind.allCases { #expect(error?.message.contains(kind.rawValue) == true) }
+            #expect(contents(of: directory).isEmpty)
+        }
+    }
+
+    @Test("an empty image is refused")
+    func emptyImage() async throws {
+        try await withImages { _ in
+            try await expectRefusal(.imageRejected, reason: "empty") { try await upload([]) }
+        }
+    }
+
+    @Test("an image over the limit is refused and the message states the limit")
+    func tooLarge() async throws {
+        try await withImages(maxImageBytes: 1024) { directory in
+            let padding = { (count: Int) in SampleBytes.png + [UInt8](repeating: 0, count: count - SampleBytes.png.count) }
+            let error = try await expectRefusal(.imageRejected, reason: "tooLarge") { try await upload(padding(1025)) }
+            #expect(error?.message.contains("1024") == true)
+            try await expectRefusal(.imageRejected, reason: "tooLarge") { try await upload(padding(2048)) }
+            try await expectRefusal(.messageTooLarge) { try await upload(padding(2049)) }
+            #expect(contents(of: directory).isEmpty)
+            #expect(try await upload(padding(1024)).bytes == 1024)
+        }
+    }
+
+    @Test("an upload without the image frame is refused as unexpected frames")
+    func missingAttachment() async throws {
+        try await withImages { _ in
+            try await expectRefusal(.unexpectedFrames) { try await upload(nil) }
+        }
+    }
+
+    @Test("a uid that is not a safe folder name is refused", arguments: ["../evil", "a/b", ".", "..", "x y", String(repeating: "a", count: 65)])
+    func unsafeUID(uid: String) async throws {
+        try await withImages { directory in
+            try await expectRefusal(.invalidRequest) { try await upload(SampleBytes.png, uid: uid) }
+            try await expectRefusal(.invalidRequest) { try await deleteAll(uid: uid) }
+            #expect(contents(of: directory).isEmpty)
+            #expect(!FileManager.default.fileExists(atPath: "\(directory)/../evil"))
+        }
+    }
+
+    @Test("a request that names no person is refused")
+    func missingUID() async throws {
+        try await withImages { _ in
+            try await expectRefusal(.invalidRequest) {
+                try await bus.call(UploadImage(), to: rpc, source: "test", attachment: Data(SampleBytes.png))
+            }
+        }
+    }
+
+    // MARK: Deleting
+
+    @Test(
+        "a delete path that is not exactly the person's own image is refused",
+        arguments: [
+            "../x", "{other}/{file}", "/etc/passwd", "{root}/{uid}/{file}", "{uid}/../{uid}/{file}", "{uid}/{file}/",
+            "{uid}//{file}", "{uid}/", "{uid}", "", "{uid}/.", "{uid}/..", "{uid}/not-a-uuid.png",
+        ])
+    func deleteTraversal(template: String) async throws {
+        try await withImages { directory in
+            let stored = try await upload(SampleBytes.png)
+            let file = String(stored.path.dropFirst(uid.count + 1))
+            let path = template
+                .replacingOccurrences(of: "{root}", with: directory)
+                .replacingOccurrences(of: "{other}", with: UUID().uuidString.lowercased())
+                .replacingOccurrences(of: "{uid}", with: uid)
+                .replacingOccurrences(of: "{file}", with: file)
+            try await expectRefusal(.invalidRequest) { try await delete(path) }
+            #expect(FileManager.default.fileExists(atPath: "\(directory)/\(stored.path)"))
+        }
+    }
+
+    @Test("deleting one image removes only that image")
+    func deleteOne() async throws {
+        try await withImages { directory in
+            let kept = try await upload(SampleBytes.jpeg)
+            let removed = try await upload(SampleBytes.png)
+            #expect(try await delete(removed.path).deleted == 1)
+            #expect(!FileManager.default.fileExists(atPath: "\(directory)/\(removed.path)"))
+            #expect(FileManager.default.fileExists(atPath: "\(directory)/\(kept.path)"))
+            try await expectRefusal(.imageNotFound) { try await delete(removed.path) }
+        }
+    }
+
+    @Test("another service cannot delete someone else's image by naming its path")
+    func deleteOthersImage() async throws {
+        try await withImages { directory in
+            let theirs = try await upload(SampleBytes.png, uid: "someone-else")
+            try await expectRefusal(.invalidRequest) { try await delete(theirs.path) }
+            #expect(FileManager.default.fileExists(atPath: "\(directory)/\(theirs.path)"))
+        }
+    }
+
+    @Test("deleting all of a person's images removes their folder and counts the images")
+    func deleteAllImages() async throws {
+        try await withImages { directory in
+            for kind in [ImageKind.png, .jpeg, .webp] { _ = try await upload(SampleBytes.image(kind)) }
+            let other = try await upload(SampleBytes.heic, uid: "someone-else")
+            #expect(try await deleteAll().deleted == 3)
+            #expect(!FileManager.default.fileExists(atPath: "\(directory)/\(uid)"))
+            #expect(FileManager.default.fileExists(atPath: "\(directory)/\(other.path)"))
+            #expect(try await deleteAll().deleted == 0)
+        }
+    }
+}
