@@ -92,7 +92,7 @@ public struct AuthService: Service {
         let publisher = try await bus.publisher(at: configuration.events)
         defer { publisher.close() }
         logger.info("auth publishes events at \(configuration.events)")
-        let store = AuthStore(database: database, outbox: Outbox(source: ServiceName.auth, publisher: publisher))
+        let store = AuthStore(database: database, outbox: Outbox(source: ServiceName.auth, publisher: publisher), logger: logger)
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc,
             dispatcher: Self.dispatcher(store: store, identities: identities, logger: logger), logger: logger)

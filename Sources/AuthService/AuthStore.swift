@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import Logging
 import Messaging
 import OnboardingAPI
 import ServiceRuntime
@@ -13,6 +14,7 @@ import ServiceRuntime
 struct AuthStore: SessionVerifier {
     let database: any DatabaseWriter
     let outbox: Outbox
+    var logger: Logger? = nil
 
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
@@ -42,7 +44,7 @@ struct AuthStore: SessionVerifier {
         let candidateUID = UUID().uuidString.lowercased()
         let token = SessionToken.make()
         let outbox = self.outbox
-        return try await withStore(database) { db in
+        return try await withStore(database, logger: logger) { db in
             let now = Timestamp.now()
             try db.execute(
                 sql: """
@@ -73,7 +75,7 @@ struct AuthStore: SessionVerifier {
     /// - Throws: `unauthenticated` when the token is not a live session.
     func signOut(token: String, correlationId: String) async throws -> String {
         let outbox = self.outbox
-        return try await withStore(database) { db in
+        return try await withStore(database, logger: logger) { db in
             let uid = try Self.uid(ofSession: token, in: db)
             try db.execute(sql: "DELETE FROM session WHERE token = ?", arguments: [token])
             try outbox.append(SignedOut(uid: uid), uid: uid, correlationId: correlationId, in: db)
@@ -87,7 +89,7 @@ struct AuthStore: SessionVerifier {
     /// - Throws: `unauthenticated` when the token is not a live session.
     func withdraw(token: String, correlationId: String) async throws -> String {
         let outbox = self.outbox
-        return try await withStore(database) { db in
+        return try await withStore(database, logger: logger) { db in
             let uid = try Self.uid(ofSession: token, in: db)
             try db.execute(sql: "DELETE FROM account WHERE uid = ?", arguments: [uid])
             try outbox.append(Withdrawn(uid: uid), uid: uid, correlationId: correlationId, in: db)
@@ -96,7 +98,7 @@ struct AuthStore: SessionVerifier {
     }
 
     func uid(forSessionToken token: String) async throws -> String {
-        try await withStore(database, write: false) { db in try Self.uid(ofSession: token, in: db) }
+        try await withStore(database, write: false, logger: logger) { db in try Self.uid(ofSession: token, in: db) }
     }
 
     private static func uid(ofSession token: String, in db: Database) throws -> String {

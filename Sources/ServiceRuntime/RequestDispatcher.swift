@@ -126,6 +126,10 @@ public struct RequestDispatcher: Sendable {
     public func handle(_ request: IncomingRequest, statistics: @autoclosure () -> BusStatistics = BusStatistics()) async {
         let type = request.message.header.type
         if type == HealthCheck.type {
+            guard request.message.attachment == nil else {
+                request.fail(ServiceError(.unexpectedFrames, "health takes no binary frame; send the envelope alone."), source: source)
+                return
+            }
             request.reply(
                 type: HealthCheck.replyType, source: source,
                 payload: HealthStatus(service: source, startedAt: startedAt, statistics: statistics()))

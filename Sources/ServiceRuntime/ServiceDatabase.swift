@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import Logging
 import Messaging
 import OnboardingAPI
 
@@ -27,14 +28,18 @@ public enum ServiceDatabase {
 
 /// Runs `body` against the store and turns a database failure into `storeUnavailable`, so a
 /// caller never mistakes a failure for an answer.
+///
+/// The cause is logged to `logger`, not put in the reply: it can name tables and columns.
 public func withStore<T: Sendable>(
-    _ writer: any DatabaseWriter, write: Bool = true, _ body: @escaping @Sendable (Database) throws -> T
+    _ writer: any DatabaseWriter, write: Bool = true, logger: Logger? = nil,
+    _ body: @escaping @Sendable (Database) throws -> T
 ) async throws -> T {
     do {
         return write ? try await writer.write(body) : try await writer.read(body)
     } catch let error as ServiceError {
         throw error
     } catch {
-        throw ServiceError(.storeUnavailable, "The store failed (\(error)). Nothing was changed; try again.")
+        logger?.error("store failure: \(error)")
+        throw ServiceError(.storeUnavailable, "The store failed. Nothing was changed; try again.")
     }
 }

@@ -31,7 +31,7 @@ func runBadInput(bus: any MessageBus, endpoints: SystemEndpoints) async throws {
     for (_, endpoint) in endpoints.rpcEndpoints {
         #expect(try await rawError(bus, endpoint, body: Data("{not json".utf8))?.code == .invalidMessage)
         #expect(try await rawError(bus, endpoint, body: Data("[]".utf8))?.code == .invalidMessage)
-        #expect(try await rawError(bus, endpoint, body: Data()) ?.code == .invalidMessage)
+        #expect(try await rawError(bus, endpoint, body: Data())?.code == .invalidMessage)
         #expect(try await rawError(bus, endpoint, body: envelope("no.such.type"))?.code == .unknownType)
         #expect(try await rawError(bus, endpoint, body: Data(envelope("health").map { $0 }).replacingVersion())?.code == .unsupportedVersion)
         #expect(try await rawError(bus, endpoint, body: Data(repeating: 0x20, count: 70 * 1024))?.code == .messageTooLarge)

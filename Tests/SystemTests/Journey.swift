@@ -45,7 +45,12 @@ struct SystemEndpoints: Sendable {
 
 /// Collects the route intents a tap sees, and lets a test wait for one.
 final class IntentRecorder: Sendable {
-    private let received = Mutex<[RouteIntent]>([])
+    private final class Log: Sendable {
+        let intents = Mutex<[RouteIntent]>([])
+        func withLock<T>(_ body: (inout [RouteIntent]) -> T) -> T { intents.withLock { body(&$0) } }
+    }
+
+    private let received = Log()
     private let task: Task<Void, Never>
 
     init(_ intents: RouteIntents) {

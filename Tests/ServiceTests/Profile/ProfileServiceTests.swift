@@ -181,7 +181,7 @@ extension ProfileServiceTests {
 
         @Test("reads come from the cache until the person's entry is evicted")
         func cacheAndEviction() async throws {
-            try await withTemporaryDirectory { directory async throws in
+            try await withTemporaryFolder { directory async throws in
                 let path = directory.appendingPathComponent("profile.sqlite").path
                 try await RunningProfileService.with(databasePath: path) { service async throws in
                     _ = try await service.call(CreateProfile(username: "mina"), uid: "u1")
@@ -211,7 +211,7 @@ extension ProfileServiceTests {
 
         @Test("when the store fails, a read says storeUnavailable and the failure is not cached")
         func storeFailure() async throws {
-            try await withTemporaryDirectory { directory async throws in
+            try await withTemporaryFolder { directory async throws in
                 let path = directory.appendingPathComponent("profile.sqlite").path
                 try await RunningProfileService.with(databasePath: path) { service async throws in
                     _ = try await service.call(CreateProfile(username: "mina"), uid: "u1")

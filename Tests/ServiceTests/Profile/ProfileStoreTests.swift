@@ -170,7 +170,7 @@ extension ProfileServiceTests {
 
         @Test("two people claiming one free name at once: exactly one wins", arguments: [2, 16])
         func concurrentClaims(claimants: Int) async throws {
-            try await withTemporaryDirectory { directory async throws in
+            try await withTemporaryFolder { directory async throws in
                 let store = try await makeStore(writer: ProfileStore.openDatabase(path: directory.appendingPathComponent("profile.sqlite").path))
                 let results = await withTaskGroup(of: ServiceError?.self) { group in
                     for index in 0..<claimants {
@@ -188,7 +188,7 @@ extension ProfileServiceTests {
 
         @Test("two store instances on one file (as two processes would be): exactly one wins")
         func concurrentClaimsAcrossConnections() async throws {
-            try await withTemporaryDirectory { directory async throws in
+            try await withTemporaryFolder { directory async throws in
                 let path = directory.appendingPathComponent("profile.sqlite").path
                 let first = try await makeStore(writer: ProfileStore.openDatabase(path: path))
                 let second = try await makeStore(writer: ProfileStore.openDatabase(path: path))

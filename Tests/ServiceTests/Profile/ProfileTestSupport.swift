@@ -11,8 +11,6 @@ import Testing
 @Suite("Profile service")
 enum ProfileServiceTests {}
 
-let quietLogger = Logger(label: "test") { _ in SwiftLogNoOpLogHandler() }
-
 /// Accepts "token-<uid>" as a live session of <uid> and refuses every other token.
 struct StubSessions: SessionVerifier {
     func uid(forSessionToken token: String) async throws -> String {
@@ -24,7 +22,7 @@ struct StubSessions: SessionVerifier {
 }
 
 /// A temporary directory, removed after `body`.
-func withTemporaryDirectory<T>(_ body: (URL) async throws -> T) async throws -> T {
+func withTemporaryFolder<T>(_ body: (URL) async throws -> T) async throws -> T {
     let directory = FileManager.default.temporaryDirectory
         .appendingPathComponent("profile-tests-\(UUID().uuidString)", isDirectory: true)
     try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
