@@ -1,0 +1,93 @@
+import Foundation
+import Messaging
+import OnboardingAPI
+import Testing
+
+@Suite("Envelope")
+struct EnvelopeTests {
+    @Test("Every header field survives a round trip, beside the payload")
+    func headerRoundTrip() throws {
+        let header = EnvelopeHeader(
+            version: 1, id: "5a0c1d2e-3f40-4a5b-8c6d-7e8f90a1b2c3", type: RouteIntent.type,
+            source: ServiceName.orchestrator, sequence: 42, time: "2026-11-21T05:30:00.123Z",
+            correlationId: "7c9e6679-7425-40de-944b-e07fc1f90001", uid: "3f2b8c1e-6d4a-4b7e-9c2f-1a5e8d7b6c40",
+            sessionToken: "token")
+        let intent = RouteIntent(intentId: "i-1", uid: "3f2b8c1e-6d4a-4b7e-9c2f-1a5e8d7b6c40", intent: .dismiss, reason: .profileCreated)
+        let data = try Envelope(header: header, payload: intent).encoded()
+        let decoded = try WireFormat.decoder().decode(Envelope<RouteIntent>.self, from: data)
+        #expect(decoded.header == header)
+        #expect(decoded.payload == intent)
+
+        let message = try Message(body: data)
+        #expect(message.header == header)
+        #expect(try message.payload(as: RouteIntent.self) == intent)
+        // Header fields sit at the top level, beside `payload`.
+        let json = try JSONValue.parse(data)
+        #expect(json["sequence"] == .int(42))
+        #expect(json["payload"]?["intent"] == .string("dismiss"))
+    }
+
+    @Test("Absent optional header fields are left out, not written as null")
+    func optionalsAreOmitted() throws {
+        let data = try Envelope(header: EnvelopeHeader(type: HealthCheck.type, source: "tap"), payload: HealthCheck()).encoded()
+        let json = try JSONValue.parse(data)
+        #expect(json["correlationId"] == nil && json["uid"] == nil && json["sessionToken"] == nil)
+        #expect(json["payload"] == .object([:]))
+        #expect(json["version"] == .int(1) && json["sequence"] == .int(0))
+    }
+
+    @Test("Unknown top-level fields are ignored")
+    func unknownFieldsIgnored() throws {
+        let body = #"{"version":1,"id":"5a0c1d2e-3f40-4a5b-8c6d-7e8f90a1b2c3","type":"health","source":"x","sequence":0,"time":"2026-11-21T05:30:00.123Z","priority":"high","payload":{}}"#
+        let message = try Message(body: Data(body.utf8))
+        #expect(message.header.type == "health")
+    }
+
+    static let malformed: [String] = [
+        "not json",
+        "{",
+        "[]",
+        #"{"version":1}"#,
+        #"{"version":"1","id":"a","type":"health","source":"x","sequence":0,"time":"t","payload":{}}"#,
+        #"{"version":1,"id":"a","type":"health","source":"x","sequence":-1,"time":"t","payload":{}}"#,
+    ]
+
+    @Test("A body that is not a JSON envelope is invalidMessage", arguments: malformed)
+    func malformedIsInvalidMessage(body: String) {
+        let error = #expect(throws: ServiceError.self) {
+            _ = try Message(body: Data(body.utf8))
+        }
+        #expect(error?.code == .invalidMessage)
+    }
+
+    @Test("Version 2 is unsupportedVersion")
+    func version2IsUnsupported() {
+        let body = #"{"version":2,"id":"a","type":"health","source":"x","sequence":0,"time":"2026-11-21T05:30:00.123Z","payload":{}}"#
+        let error = #expect(throws: ServiceError.self) {
+            _ = try Message(body: Data(body.utf8))
+        }
+        #expect(error?.code == .unsupportedVersion)
+    }
+
+    @Test("A payload that does not fit its type is invalidMessage, naming the field")
+    func badPayloadIsInvalidMessage() throws {
+        let body = #"{"version":1,"id":"a","type":"auth.signIn","source":"x","sequence":0,"time":"2026-11-21T05:30:00.123Z","payload":{"provider":"facebook","subject":"1"}}"#
+        let message = try Message(body: Data(body.utf8))
+        let error = #expect(throws: ServiceError.self) {
+            _ = try message.payload(as: SignIn.self)
+        }
+        #expect(error?.code == .invalidMessage)
+        #expect(error?.message.contains("provider") == true)
+    }
+
+    @Test("An error reply carries a ServiceError and answers the request's id")
+    func errorReply() throws {
+        let request = try Message(body: Proto.exampleData("onboarding.setUpProfile"))
+        let reply = request.errorReply(.username(.duplicated), source: ServiceName.orchestrator)
+        let message = try Message(body: reply.body)
+        #expect(message.header.type == "error")
+        #expect(message.header.correlationId == request.header.id)
+        #expect(message.serviceError == ServiceError(.usernameTaken, "Someone else already has this username.", reason: "duplicated"))
+        #expect(Proto.validator.validate(try JSONValue.parse(reply.body), against: "envelope.schema.json") == [])
+    }
+}
