@@ -3,7 +3,7 @@ import Foundation
 /// The fields every message on the bus carries, whatever its payload.
 ///
 /// On the wire an envelope is one JSON object: these fields at the top level and the message's
-/// own content under `payload` (see `proto/envelope.schema.json`). Unknown top-level fields are
+/// own content under `payload` (see `proto/schemas/envelope.schema.json`). Unknown top-level fields are
 /// ignored, so a newer sender can add fields without breaking an older receiver.
 public struct EnvelopeHeader: Codable, Sendable, Hashable {
     /// The envelope format this process speaks.

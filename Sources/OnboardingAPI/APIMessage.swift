@@ -166,7 +166,7 @@ public struct Profile: Codable, Sendable, Hashable {
     }
 }
 
-/// `profile.get`: the person's profile, or `profile: null` when there is none (a normal
+/// `profile.get`: the person's profile, or no `profile` field when there is none (a normal
 /// answer, not an error).
 public struct GetProfile: APIRequest {
     public typealias Response = ProfileResult
@@ -351,7 +351,7 @@ public struct CheckOnboarding: APIRequest {
 public struct OnboardingStatus: Codable, Sendable, Hashable {
     public var uid: String
     public var hasProfile: Bool
-    /// `presentProfileSetup` when the profile is missing, otherwise `null`.
+    /// `presentProfileSetup` when the profile is missing, otherwise absent.
     public var intent: RouteIntent.Kind?
 
     public init(uid: String, hasProfile: Bool, intent: RouteIntent.Kind?) {
