@@ -24,8 +24,13 @@ import Synchronization
 /// ``Configuration/connectGrace`` for a peer, then fail with `noResponder`; requests that were
 /// sent but not answered in time fail with `timeout`.
 ///
+/// A request sent in the instant after a server unbinds, before this side has seen the
+/// connection close, is lost with it and fails with `timeout`; later ones get `noResponder`.
+///
 /// Call ``shutdown()`` when done (or run the bus in a `ServiceGroup`): it closes every socket,
-/// fails calls in flight with `closed`, finishes every stream and stops the thread.
+/// fails calls in flight with `closed`, finishes every stream and stops the thread. Dropping the
+/// last reference to the bus shuts it down too, so keep it while its streams and publishers are
+/// in use.
 public final class ZeroMQBus: MessageBus, Service {
     /// Tuning for a bus; the defaults suit services on one network.
     public struct Configuration: Sendable {

@@ -271,6 +271,23 @@ struct MessageBusContractTests {
         }
     }
 
+    @Test("a subscriber that falls behind loses the newest events, counted", arguments: BusKind.allCases)
+    func droppedEvents(kind: BusKind) async throws {
+        try await withHarness(kind) { buses in
+            let publisher = try await buses.bindPublisher()
+            let stream = try await buses.client.subscribe(
+                to: [publisher.endpoint], topics: ["user."], limits: MessageLimits(queueLimit: 2))
+            var events = stream.makeAsyncIterator()
+            try await waitUntilJoined(&events, publishers: [publisher], probeTopic: "user.probe")
+
+            // Nobody reads now: at most two of these (or probes still in flight) fit.
+            for number in 0..<5 { try publisher.publish(event("user.burst", text: "\(number)")) }
+            let client = buses.client
+            await eventually { client.statistics.droppedEvents >= 3 }
+            publisher.close()
+        }
+    }
+
     @Test("a closed publisher refuses to publish", arguments: BusKind.allCases)
     func closedPublisher(kind: BusKind) async throws {
         try await withHarness(kind) { buses in
