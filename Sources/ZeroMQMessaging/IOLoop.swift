@@ -216,6 +216,8 @@ final class IOLoop: @unchecked Sendable {
 
     private func bindPublisher(id: UInt64, endpoint: Endpoint, done: CheckedContinuation<Void, any Error>) {
         guard let socket = makeSocket(ZMQ_PUB) else { return done.resume(throwing: socketCreationError()) }
+        // Subscribers only send subscription messages (topic prefixes) to a PUB socket.
+        socket.set(ZMQ_MAXMSGSIZE, Int64(64 * 1024))
         if zmq_bind(socket.handle, endpoint.rawValue) != 0 {
             let error = endpointError(zmq_errno(), endpoint: endpoint, binding: true)
             socket.close()
@@ -587,6 +589,8 @@ final class Responder: Sendable {
 
 /// A binary min-heap of (deadline, request id). Entries of finished requests stay until they
 /// surface and are skipped.
+///
+/// Threading: a value owned by ``IOLoop``, so used by the I/O thread only.
 struct DeadlineHeap {
     private var items: [(time: UInt64, id: UInt64)] = []
 
