@@ -55,7 +55,10 @@ let package = Package(
         ),
         .testTarget(
             name: "MessagingTests",
-            dependencies: ["Messaging", "ZeroMQMessaging"]
+            dependencies: [
+                "Messaging", "ZeroMQMessaging", "CZeroMQ",
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
 
         // MARK: The product's wire types and rules

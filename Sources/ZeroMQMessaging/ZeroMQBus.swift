@@ -1,15 +1,192 @@
-// Placeholder with the agreed interface; the real implementation lands from the `zmq` branch.
+import CZeroMQ
+import Foundation
 import Logging
 import Messaging
 import ServiceLifecycle
+import Synchronization
 
+/// A ``MessageBus`` over ZeroMQ: PUB/SUB for events, DEALER to ROUTER for requests.
+///
+/// Threading: every method may be called from any task and none blocks a thread. Each bus runs
+/// one dedicated I/O thread (not a Swift concurrency task) that owns the libzmq context and every
+/// socket of the bus for their whole lives and waits in `zmq_poll`. Methods hand it commands
+/// through a mutex-protected queue and wake it with an eventfd; results come back through
+/// continuations. No zmq function is ever called from a Swift concurrency thread.
+///
+/// Wire formats:
+/// - An event is [topic, JSON envelope, optional attachment]; subscriptions filter by topic prefix.
+/// - A request as a server's ROUTER sees it is [peer identity, routing frames..., empty, JSON,
+///   optional attachment]; the reply echoes every frame before the empty one. So a plain REQ
+///   socket in any language can call a server, and this bus's DEALER puts an 8-byte request id
+///   before the empty frame to match pipelined replies.
+///
+/// Requests to an endpoint where nothing is connected wait up to
+/// ``Configuration/connectGrace`` for a peer, then fail with `noResponder`; requests that were
+/// sent but not answered in time fail with `timeout`.
+///
+/// A request sent in the instant after a server unbinds, before this side has seen the
+/// connection close, is lost with it and fails with `timeout`; later ones get `noResponder`.
+///
+/// Call ``shutdown()`` when done (or run the bus in a `ServiceGroup`): it closes every socket,
+/// fails calls in flight with `closed`, finishes every stream and stops the thread. Dropping the
+/// last reference to the bus shuts it down too, so keep it while its streams and publishers are
+/// in use.
 public final class ZeroMQBus: MessageBus, Service {
-    public init(source: String, logger: Logger) { fatalError("placeholder") }
-    public var statistics: BusStatistics { fatalError("placeholder") }
-    public func publisher(at endpoint: Endpoint) async throws -> any EventPublisher { fatalError("placeholder") }
-    public func subscribe(to endpoints: [Endpoint], topics: [String], limits: MessageLimits) async throws -> AsyncStream<Message> { fatalError("placeholder") }
-    public func serve(at endpoint: Endpoint, limits: MessageLimits) async throws -> AsyncStream<IncomingRequest> { fatalError("placeholder") }
-    public func request(_ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration) async throws -> Message { fatalError("placeholder") }
-    public func shutdown() async {}
-    public func run() async throws {}
+    /// Tuning for a bus; the defaults suit services on one network.
+    public struct Configuration: Sendable {
+        /// How long a request waits for a connection to a server before failing with `noResponder`
+        /// (never longer than its own timeout).
+        public var connectGrace: Duration = .milliseconds(300)
+        /// The largest reply frame accepted (`ZMQ_MAXMSGSIZE` on the requesting side).
+        public var maxReplyFrameBytes: Int = 64 * 1024 * 1024
+        /// Replies a server queues for one caller that does not read them before dropping more.
+        public var replyHighWaterMark: Int = 100_000
+
+        public init() {}
+    }
+
+    /// The name this bus signs the error replies it makes itself.
+    public let source: String
+    private let logger: Logger
+    private let queue: CommandQueue
+
+    /// Starts the bus's I/O thread.
+    public convenience init(source: String, logger: Logger) {
+        self.init(source: source, logger: logger, configuration: Configuration())
+    }
+
+    /// Starts the bus's I/O thread.
+    public init(source: String, logger: Logger, configuration: Configuration) {
+        self.source = source
+        self.logger = logger
+        let queue = CommandQueue()
+        self.queue = queue
+        let loop = IOLoop(queue: queue, source: source, logger: logger, configuration: configuration)
+        let thread = Thread { loop.run() }
+        thread.name = "zmq-\(source)"
+        thread.start()
+    }
+
+    deinit {
+        queue.requestShutdown(waiter: nil)
+    }
+
+    public var statistics: BusStatistics {
+        queue.statistics.withLock { $0 }
+    }
+
+    // MARK: Events
+
+    public func publisher(at endpoint: Endpoint) async throws -> any EventPublisher {
+        let id = queue.makeID()
+        try await withCheckedThrowingContinuation { (done: CheckedContinuation<Void, any Error>) in
+            if !queue.submit(.bindPublisher(id: id, endpoint: endpoint, done: done)) {
+                done.resume(throwing: Self.closedError)
+            }
+        }
+        return ZeroMQPublisher(id: id, endpoint: endpoint, queue: queue)
+    }
+
+    public func subscribe(to endpoints: [Endpoint], topics: [String], limits: MessageLimits) async throws -> AsyncStream<Message> {
+        let id = queue.makeID()
+        let (stream, events) = AsyncStream.makeStream(of: Message.self, bufferingPolicy: .bufferingOldest(limits.queueLimit))
+        events.onTermination = { [queue] _ in queue.submit(.closeSubscriber(id: id)) }
+        try await withCheckedThrowingContinuation { (done: CheckedContinuation<Void, any Error>) in
+            let command = Command.subscribe(id: id, endpoints: endpoints, topics: topics, limits: limits, events: events, done: done)
+            if !queue.submit(command) {
+                done.resume(throwing: Self.closedError)
+            }
+        }
+        return stream
+    }
+
+    // MARK: Requests
+
+    public func serve(at endpoint: Endpoint, limits: MessageLimits) async throws -> AsyncStream<IncomingRequest> {
+        let id = queue.makeID()
+        let (stream, requests) = AsyncStream.makeStream(
+            of: IncomingRequest.self, bufferingPolicy: .bufferingOldest(limits.queueLimit))
+        requests.onTermination = { [queue] _ in queue.submit(.closeServer(id: id)) }
+        try await withCheckedThrowingContinuation { (done: CheckedContinuation<Void, any Error>) in
+            if !queue.submit(.serve(id: id, endpoint: endpoint, limits: limits, requests: requests, done: done)) {
+                done.resume(throwing: Self.closedError)
+            }
+        }
+        return stream
+    }
+
+    public func request(_ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration) async throws -> Message {
+        try Task.checkCancellation()
+        let id = queue.makeID()
+        let waiter = ReplyWaiter()
+        let request = OutgoingRequest(
+            id: id, endpoint: endpoint, message: message, timeout: timeout,
+            deadline: monotonicNanoseconds() &+ timeout.clampedNanoseconds, waiter: waiter)
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Message, any Error>) in
+                waiter.install(continuation)
+                if !queue.submit(.request(request)) {
+                    waiter.finish(.failure(Self.closedError))
+                }
+            }
+        } onCancel: { [queue] in
+            if waiter.finish(.failure(CancellationError())) {
+                queue.submit(.cancelRequest(id: id))
+            }
+        }
+    }
+
+    // MARK: Lifecycle
+
+    /// Closes every socket, fails calls in flight with `closed`, finishes every stream and stops
+    /// the I/O thread. Returns when all of that is done. Calling it again does nothing more.
+    public func shutdown() async {
+        await withCheckedContinuation { (waiter: CheckedContinuation<Void, Never>) in
+            queue.requestShutdown(waiter: waiter)
+        }
+    }
+
+    /// Waits for the service group's graceful shutdown, then shuts the bus down.
+    public func run() async throws {
+        try? await gracefulShutdown()
+        await shutdown()
+    }
+
+    static let closedError = ServiceError(.closed, "The message bus has been shut down.")
+}
+
+/// A PUB socket bound by a ``ZeroMQBus``.
+///
+/// Threading: any thread. ``publish(_:)`` only queues the event for the bus's I/O thread.
+final class ZeroMQPublisher: EventPublisher {
+    let endpoint: Endpoint
+    private let id: UInt64
+    private let queue: CommandQueue
+    private let closed = Atomic(false)
+
+    init(id: UInt64, endpoint: Endpoint, queue: CommandQueue) {
+        self.id = id
+        self.endpoint = endpoint
+        self.queue = queue
+    }
+
+    func publish(_ message: OutgoingMessage) throws {
+        guard !closed.load(ordering: .acquiring) else {
+            throw ServiceError(.closed, "The publisher at \(endpoint) is closed.")
+        }
+        guard message.topic != nil else {
+            throw ServiceError(.invalidMessage, "An event needs a topic.")
+        }
+        guard queue.submit(.publish(id: id, message: message)) else {
+            throw ZeroMQBus.closedError
+        }
+    }
+
+    func close() {
+        if !closed.exchange(true, ordering: .acquiringAndReleasing) {
+            queue.submit(.closePublisher(id: id))
+        }
+    }
+
+    deinit { close() }
 }

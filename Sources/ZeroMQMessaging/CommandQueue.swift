@@ -1,0 +1,204 @@
+import CZeroMQ
+import Foundation
+import Messaging
+import Synchronization
+
+/// Work handed from async code to the bus's I/O thread.
+///
+/// Commands carry only `Sendable` values: payload bytes, stream continuations and checked
+/// continuations that the I/O thread resumes.
+enum Command: Sendable {
+    case bindPublisher(id: UInt64, endpoint: Endpoint, done: CheckedContinuation<Void, any Error>)
+    case publish(id: UInt64, message: OutgoingMessage)
+    case closePublisher(id: UInt64)
+    case subscribe(
+        id: UInt64, endpoints: [Endpoint], topics: [String], limits: MessageLimits,
+        events: AsyncStream<Message>.Continuation, done: CheckedContinuation<Void, any Error>)
+    case closeSubscriber(id: UInt64)
+    case serve(
+        id: UInt64, endpoint: Endpoint, limits: MessageLimits,
+        requests: AsyncStream<IncomingRequest>.Continuation, done: CheckedContinuation<Void, any Error>)
+    case closeServer(id: UInt64)
+    case reply(serverID: UInt64, route: [Data], message: OutgoingMessage)
+    case request(OutgoingRequest)
+    case cancelRequest(id: UInt64)
+    case shutdown
+}
+
+/// A call waiting for its reply, as handed to the I/O thread.
+struct OutgoingRequest: Sendable {
+    var id: UInt64
+    var endpoint: Endpoint
+    var message: OutgoingMessage
+    var timeout: Duration
+    /// Monotonic nanoseconds (see ``monotonicNanoseconds()``).
+    var deadline: UInt64
+    var waiter: ReplyWaiter
+}
+
+/// The mailbox between async callers and the I/O thread, plus the counters both sides read.
+///
+/// Threading: every method may be called from any thread and never blocks beyond a short mutex
+/// hold, except ``takeCommands()``, which only the I/O thread calls. Producers append under the
+/// mutex and write the eventfd only when no wake-up is already pending, so a burst of commands
+/// costs one `write(2)`.
+final class CommandQueue: Sendable {
+    private struct State {
+        var commands: [Command] = []
+        var wakePending = false
+        var accepting = true
+        var terminated = false
+        var shutdownWaiters: [CheckedContinuation<Void, Never>] = []
+    }
+
+    private let state = Mutex(State())
+    private let nextID = Atomic<UInt64>(0)
+    /// Non-blocking eventfd the I/O thread polls next to its sockets. Closed in `deinit`, when no
+    /// producer can be left to write to it.
+    let wakeFD: Int32
+    let statistics = Mutex(BusStatistics())
+
+    init() {
+        let fd = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
+        precondition(fd >= 0, "eventfd failed: errno \(errno). The process is out of file descriptors.")
+        wakeFD = fd
+    }
+
+    deinit {
+        close(wakeFD)
+    }
+
+    func makeID() -> UInt64 {
+        nextID.wrappingAdd(1, ordering: .relaxed).newValue
+    }
+
+    /// Queues `command` for the I/O thread. Returns `false` once the bus is shutting down.
+    @discardableResult
+    func submit(_ command: Command) -> Bool {
+        let (accepted, wake) = state.withLock { state -> (Bool, Bool) in
+            guard state.accepting else { return (false, false) }
+            state.commands.append(command)
+            if state.wakePending { return (true, false) }
+            state.wakePending = true
+            return (true, true)
+        }
+        if wake { signal() }
+        return accepted
+    }
+
+    /// Stops accepting commands, queues `.shutdown` (once) and resumes `waiter` when the I/O
+    /// thread has finished.
+    func requestShutdown(waiter: CheckedContinuation<Void, Never>?) {
+        let (resumeNow, wake) = state.withLock { state -> (Bool, Bool) in
+            if state.terminated { return (true, false) }
+            if let waiter { state.shutdownWaiters.append(waiter) }
+            guard state.accepting else { return (false, false) }
+            state.accepting = false
+            state.commands.append(.shutdown)
+            let wake = !state.wakePending
+            state.wakePending = true
+            return (false, wake)
+        }
+        if wake { signal() }
+        if resumeNow { waiter?.resume() }
+    }
+
+    /// I/O thread only: consumes the wake-up and takes every queued command.
+    ///
+    /// The eventfd is read before the queue is swapped, so a producer that finds `wakePending`
+    /// still set has its command taken by this swap, and any later one writes the eventfd again.
+    func takeCommands() -> [Command] {
+        var counter: UInt64 = 0
+        _ = read(wakeFD, &counter, MemoryLayout<UInt64>.size)
+        return state.withLock { state in
+            state.wakePending = false
+            let commands = state.commands
+            state.commands = []
+            state.commands.reserveCapacity(commands.count)
+            return commands
+        }
+    }
+
+    /// I/O thread only, as its last act: wakes everyone waiting in `shutdown()`.
+    func markTerminated() {
+        let waiters = state.withLock { state in
+            state.terminated = true
+            let waiters = state.shutdownWaiters
+            state.shutdownWaiters = []
+            return waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    func count(_ update: (inout BusStatistics) -> Void) {
+        statistics.withLock { update(&$0) }
+    }
+
+    private func signal() {
+        var one: UInt64 = 1
+        // EAGAIN only when the counter would overflow, which means a wake-up is pending anyway.
+        _ = write(wakeFD, &one, MemoryLayout<UInt64>.size)
+    }
+}
+
+/// A request's continuation, resumed exactly once by whichever comes first: the reply or a
+/// failure on the I/O thread, or cancellation of the calling task.
+///
+/// Threading: any thread. State sits behind a mutex; the continuation is resumed outside it.
+final class ReplyWaiter: Sendable {
+    private struct State {
+        var continuation: CheckedContinuation<Message, any Error>?
+        var early: Result<Message, any Error>?
+        var finished = false
+    }
+
+    private let state = Mutex(State())
+
+    func install(_ continuation: CheckedContinuation<Message, any Error>) {
+        let early: Result<Message, any Error>? = state.withLock { state in
+            if let early = state.early { return early }
+            state.continuation = continuation
+            return nil
+        }
+        if let early { continuation.resume(with: early) }
+    }
+
+    var isFinished: Bool {
+        state.withLock { $0.finished }
+    }
+
+    /// Returns `false` when the waiter had already been resumed.
+    @discardableResult
+    func finish(_ result: Result<Message, any Error>) -> Bool {
+        let (won, continuation) = state.withLock { state -> (Bool, CheckedContinuation<Message, any Error>?) in
+            guard !state.finished else { return (false, nil) }
+            state.finished = true
+            if let continuation = state.continuation {
+                state.continuation = nil
+                return (true, continuation)
+            }
+            state.early = result
+            return (true, nil)
+        }
+        continuation?.resume(with: result)
+        return won
+    }
+}
+
+/// Nanoseconds on the monotonic clock; deadlines are computed by callers and checked by the
+/// I/O thread on the same clock.
+func monotonicNanoseconds() -> UInt64 {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+}
+
+extension Duration {
+    /// Whole nanoseconds, clamped to zero and to about 100 years.
+    var clampedNanoseconds: UInt64 {
+        let (seconds, attoseconds) = components
+        if seconds < 0 { return 0 }
+        if seconds > 3_000_000_000 { return 3_000_000_000 * 1_000_000_000 }
+        return UInt64(seconds) * 1_000_000_000 + UInt64(max(0, attoseconds) / 1_000_000_000)
+    }
+}

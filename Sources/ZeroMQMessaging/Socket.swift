@@ -1,0 +1,128 @@
+import CZeroMQ
+import Foundation
+import Messaging
+
+/// Thin helpers over a raw libzmq socket handle.
+///
+/// Threading: I/O thread only. A `Socket` value is just the handle; whoever holds it must be the
+/// socket's owning thread.
+struct Socket {
+    let handle: UnsafeMutableRawPointer
+
+    enum SendResult {
+        case sent
+        /// `EAGAIN`: no peer can take the message now.
+        case wouldBlock
+        case failed(Int32)
+    }
+
+    enum ReceiveResult {
+        case message
+        case empty
+        case failed(Int32)
+    }
+
+    func set(_ option: Int32, _ value: Int32) {
+        var value = value
+        if zmq_setsockopt(handle, option, &value, MemoryLayout<Int32>.size) != 0 {
+            assertionFailure("zmq_setsockopt(\(option)) failed: \(zmqErrorText(zmq_errno()))")
+        }
+    }
+
+    func set(_ option: Int32, _ value: Int64) {
+        var value = value
+        if zmq_setsockopt(handle, option, &value, MemoryLayout<Int64>.size) != 0 {
+            assertionFailure("zmq_setsockopt(\(option)) failed: \(zmqErrorText(zmq_errno()))")
+        }
+    }
+
+    func subscribe(_ prefix: String) {
+        var prefix = prefix
+        prefix.withUTF8 { bytes in
+            _ = zmq_setsockopt(handle, ZMQ_SUBSCRIBE, bytes.baseAddress, bytes.count)
+        }
+    }
+
+    /// Sends one frame without blocking.
+    func send(_ data: Data, more: Bool) -> SendResult {
+        let flags = ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0)
+        let rc = data.withUnsafeBytes { zmq_send(handle, $0.baseAddress, $0.count, flags) }
+        return rc >= 0 ? .sent : Self.failure()
+    }
+
+    func send(_ text: String, more: Bool) -> SendResult {
+        var text = text
+        let flags = ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0)
+        let rc = text.withUTF8 { zmq_send(handle, $0.baseAddress, $0.count, flags) }
+        return rc >= 0 ? .sent : Self.failure()
+    }
+
+    func send(_ id: UInt64, more: Bool) -> SendResult {
+        let flags = ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0)
+        let rc = withUnsafeBytes(of: id.littleEndian) { zmq_send(handle, $0.baseAddress, $0.count, flags) }
+        return rc >= 0 ? .sent : Self.failure()
+    }
+
+    /// Sends the envelope frame and the attachment frame, if any, as the last parts of a message
+    /// whose first parts were sent already. Later parts of a message never block.
+    func sendBody(_ message: OutgoingMessage) -> SendResult {
+        guard let attachment = message.attachment else { return send(message.body, more: false) }
+        let first = send(message.body, more: true)
+        guard case .sent = first else { return first }
+        return send(attachment, more: false)
+    }
+
+    /// Receives one whole message into `frames` without blocking, reusing `scratch`.
+    ///
+    /// Returns `.empty` on `EAGAIN`. Parts of a multipart message arrive together, so once the
+    /// first part is in, the rest are too.
+    func receive(into frames: inout [Data], scratch: UnsafeMutablePointer<zmq_msg_t>) -> ReceiveResult {
+        frames.removeAll(keepingCapacity: true)
+        while true {
+            if zmq_msg_recv(scratch, handle, ZMQ_DONTWAIT) < 0 {
+                let code = zmq_errno()
+                if code == EINTR { continue }
+                if code == EAGAIN, frames.isEmpty { return .empty }
+                return .failed(code)
+            }
+            let size = zmq_msg_size(scratch)
+            frames.append(size == 0 ? Data() : Data(bytes: zmq_msg_data(scratch), count: size))
+            if zmq_msg_more(scratch) == 0 { return .message }
+        }
+    }
+
+    func close() {
+        set(ZMQ_LINGER, Int32(0))
+        zmq_close(handle)
+    }
+
+    private static func failure() -> SendResult {
+        let code = zmq_errno()
+        return code == EAGAIN ? .wouldBlock : .failed(code)
+    }
+}
+
+func zmqErrorText(_ code: Int32) -> String {
+    String(cString: zmq_strerror(code))
+}
+
+/// The ``ServiceError`` for a failed `zmq_bind` or `zmq_connect`.
+func endpointError(_ code: Int32, endpoint: Endpoint, binding: Bool) -> ServiceError {
+    let verb = binding ? "bind" : "connect to"
+    switch code {
+    case EADDRINUSE:
+        return ServiceError(
+            .addressInUse,
+            "Something is already bound at \(endpoint). Stop the other process or choose another port.")
+    case EINVAL, EPROTONOSUPPORT, EADDRNOTAVAIL, ENODEV, ENOENT, ENOCOMPATPROTO_:
+        return ServiceError(
+            .invalidEndpoint,
+            "Cannot \(verb) \(endpoint) (\(zmqErrorText(code))). Use tcp://HOST:PORT with an address of "
+                + "this machine, ipc://PATH or inproc://NAME.")
+    default:
+        return ServiceError(.internalError, "Cannot \(verb) \(endpoint): \(zmqErrorText(code)).")
+    }
+}
+
+/// `ENOCOMPATPROTO` is an arithmetic macro that Swift does not import.
+private let ENOCOMPATPROTO_: Int32 = 156_384_712 + 52
