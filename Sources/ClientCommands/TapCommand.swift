@@ -38,7 +38,8 @@ public struct TapCommand: AsyncParsableCommand {
             orchestrator: endpoints.orchestratorRPC)
         let group = ServiceGroup(
             configuration: .init(
-                services: [.init(service: tap, successTerminationBehavior: .gracefullyShutdownGroup), .init(service: bus)],
+                // Stopped last to first: the bus stops after the tap.
+                services: [.init(service: bus), .init(service: tap, successTerminationBehavior: .gracefullyShutdownGroup)],
                 gracefulShutdownSignals: [.sigint, .sigterm], logger: logger))
         try await group.run()
     }

@@ -55,8 +55,13 @@ public enum ServiceHost {
         }
         let group = ServiceGroup(
             configuration: .init(
-                services: services.map { .init(service: $0, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup) }
-                    + [.init(service: bus)],
+                // A group shuts its services down last to first: the bus comes first so that it
+                // stops last, after every service has finished what it had in flight.
+                services: [.init(service: bus)]
+                    + services.map {
+                        .init(service: $0, successTerminationBehavior: .gracefullyShutdownGroup,
+                              failureTerminationBehavior: .gracefullyShutdownGroup)
+                    },
                 gracefulShutdownSignals: [.sigterm, .sigint],
                 logger: logger))
         logger.info("\(name) started (pid \(ProcessInfo.processInfo.processIdentifier))")
