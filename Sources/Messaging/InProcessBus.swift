@@ -158,7 +158,7 @@ public final class InProcessBus: MessageBus {
         guard let server = state.withLock({ $0.servers[endpoint] }) else {
             throw ServiceError(.noResponder, "Nothing answers at \(endpoint). Is the service running?")
         }
-        let pending = PendingReply()
+        let pending = ReplyWaiter()
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Message, any Error>) in
                 pending.install(continuation)
@@ -174,7 +174,7 @@ public final class InProcessBus: MessageBus {
         }
     }
 
-    private func dispatch(_ outgoing: OutgoingMessage, to server: Server, pending: PendingReply) {
+    private func dispatch(_ outgoing: OutgoingMessage, to server: Server, pending: ReplyWaiter) {
         let source = self.source
         let answer: @Sendable (OutgoingMessage) -> Void = { [weak self] reply in
             do {
@@ -209,8 +209,13 @@ public final class InProcessBus: MessageBus {
     }
 }
 
-/// A reply that may be resumed once, by the reply, the timer or cancellation, whichever is first.
-final class PendingReply: Sendable {
+/// A caller's wait for a reply, resumed exactly once by whichever comes first: the reply, a
+/// failure (timeout, shutdown) or cancellation of the calling task.
+///
+/// For bus implementations. Threading: any thread; state sits behind a mutex and the
+/// continuation is resumed outside it. A result that arrives before ``install(_:)`` is kept and
+/// delivered when the continuation is installed.
+public final class ReplyWaiter: Sendable {
     private struct State {
         var continuation: CheckedContinuation<Message, any Error>?
         var early: Result<Message, any Error>?
@@ -220,7 +225,9 @@ final class PendingReply: Sendable {
 
     private let state = Mutex(State())
 
-    func install(_ continuation: CheckedContinuation<Message, any Error>) {
+    public init() {}
+
+    public func install(_ continuation: CheckedContinuation<Message, any Error>) {
         let early: Result<Message, any Error>? = state.withLock { state in
             if let early = state.early { return early }
             state.continuation = continuation
@@ -229,7 +236,13 @@ final class PendingReply: Sendable {
         if let early { continuation.resume(with: early) }
     }
 
-    func onFinish(_ action: @escaping @Sendable () -> Void) {
+    /// Whether a result has been delivered (or kept for delivery).
+    public var isFinished: Bool {
+        state.withLock { $0.finished }
+    }
+
+    /// Runs `action` once the waiter finishes (at once if it already has).
+    public func onFinish(_ action: @escaping @Sendable () -> Void) {
         let runNow = state.withLock { state in
             if state.finished { return true }
             state.onFinish.append(action)
@@ -238,17 +251,11 @@ final class PendingReply: Sendable {
         if runNow { action() }
     }
 
+    /// Delivers `result` unless another one came first.
+    ///
+    /// - Returns: `false` when the waiter had already finished.
     @discardableResult
-    func resume(returning message: Message) -> Bool {
-        finish(.success(message))
-    }
-
-    @discardableResult
-    func resume(throwing error: any Error) -> Bool {
-        finish(.failure(error))
-    }
-
-    private func finish(_ result: Result<Message, any Error>) -> Bool {
+    public func finish(_ result: Result<Message, any Error>) -> Bool {
         let (won, continuation, actions) = state.withLock { state -> (Bool, CheckedContinuation<Message, any Error>?, [@Sendable () -> Void]) in
             guard !state.finished else { return (false, nil, []) }
             state.finished = true
@@ -265,4 +272,10 @@ final class PendingReply: Sendable {
         for action in actions { action() }
         return won
     }
+
+    @discardableResult
+    public func resume(returning message: Message) -> Bool { finish(.success(message)) }
+
+    @discardableResult
+    public func resume(throwing error: any Error) -> Bool { finish(.failure(error)) }
 }

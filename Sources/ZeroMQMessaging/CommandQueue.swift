@@ -141,50 +141,6 @@ final class CommandQueue: Sendable {
     }
 }
 
-/// A request's continuation, resumed exactly once by whichever comes first: the reply or a
-/// failure on the I/O thread, or cancellation of the calling task.
-///
-/// Threading: any thread. State sits behind a mutex; the continuation is resumed outside it.
-final class ReplyWaiter: Sendable {
-    private struct State {
-        var continuation: CheckedContinuation<Message, any Error>?
-        var early: Result<Message, any Error>?
-        var finished = false
-    }
-
-    private let state = Mutex(State())
-
-    func install(_ continuation: CheckedContinuation<Message, any Error>) {
-        let early: Result<Message, any Error>? = state.withLock { state in
-            if let early = state.early { return early }
-            state.continuation = continuation
-            return nil
-        }
-        if let early { continuation.resume(with: early) }
-    }
-
-    var isFinished: Bool {
-        state.withLock { $0.finished }
-    }
-
-    /// Returns `false` when the waiter had already been resumed.
-    @discardableResult
-    func finish(_ result: Result<Message, any Error>) -> Bool {
-        let (won, continuation) = state.withLock { state -> (Bool, CheckedContinuation<Message, any Error>?) in
-            guard !state.finished else { return (false, nil) }
-            state.finished = true
-            if let continuation = state.continuation {
-                state.continuation = nil
-                return (true, continuation)
-            }
-            state.early = result
-            return (true, nil)
-        }
-        continuation?.resume(with: result)
-        return won
-    }
-}
-
 /// Nanoseconds on the monotonic clock; deadlines are computed by callers and checked by the
 /// I/O thread on the same clock.
 func monotonicNanoseconds() -> UInt64 {
