@@ -110,4 +110,50 @@ struct ZeroMQSystemTests {
             try await runBadInput(bus: bus, endpoints: system.endpoints)
         }
     }
+
+    @Test(
+        "a Python client written from proto/ alone drives the whole journey",
+        .enabled(if: PythonClient.isAvailable, "needs python3 with pyzmq (./compose/onboarding test installs it)"))
+    func pythonClient() async throws {
+        try await RunningSystem.run { _, system in
+            let result = try await PythonClient.run(endpoints: system.endpoints)
+            #expect(result.status == 0, "the Python client failed:\n\(result.output)")
+            #expect(result.output.contains("python client: all steps passed"))
+        }
+    }
+}
+
+/// `proto/examples/python/onboarding_client.py`, run as a separate process.
+enum PythonClient {
+    static let script = URL(fileURLWithPath: #filePath)
+        .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("proto/examples/python/onboarding_client.py")
+
+    static let isAvailable: Bool = {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["python3", "-c", "import zmq"]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        guard (try? process.run()) != nil else { return false }
+        process.waitUntilExit()
+        return process.terminationStatus == 0
+    }()
+
+    static func run(endpoints: SystemEndpoints) async throws -> (status: Int32, output: String) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["python3", script.path]
+        process.environment = ProcessInfo.processInfo.environment.merging([
+            "ONBOARDING_AUTH_RPC": endpoints.authRPC.rawValue, "ONBOARDING_PROFILE_RPC": endpoints.profileRPC.rawValue,
+            "ONBOARDING_ORCHESTRATOR_RPC": endpoints.orchestratorRPC.rawValue, "ONBOARDING_ROUTES": endpoints.routes.rawValue,
+        ]) { $1 }
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+        let data = try await Task.detached { try output.fileHandleForReading.readToEnd() ?? Data() }.value
+        while process.isRunning { try await Task.sleep(for: .milliseconds(10)) }
+        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+    }
 }
