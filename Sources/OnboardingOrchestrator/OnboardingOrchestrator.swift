@@ -142,7 +142,9 @@ final class Engine: Sendable {
         for await event in events {
             do {
                 switch event.header.type {
-                case SignedIn.type: send(.signedIn(uid: try event.payload(as: SignedIn.self).uid))
+                case SignedIn.type:
+                    let signedIn = try event.payload(as: SignedIn.self)
+                    send(.signedIn(uid: signedIn.uid, isNewAccount: signedIn.isNewAccount))
                 case SignedOut.type: send(.signedOut(uid: try event.payload(as: SignedOut.self).uid))
                 case Withdrawn.type: send(.withdrawn(uid: try event.payload(as: Withdrawn.self).uid))
                 case ProfileCreated.type: send(.profileCreated(uid: try event.payload(as: ProfileCreated.self).profile.uid))

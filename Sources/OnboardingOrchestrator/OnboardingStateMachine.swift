@@ -7,6 +7,8 @@ import OnboardingAPI
 /// outcomes back in. Its rules come from `shared/domain.md`:
 /// - signed in, or "check me now": ask the profile store; no profile → `presentProfileSetup`;
 ///   a profile → nothing. A failed check is retried with backoff and never decides on a guess.
+///   A *new* account needs no question: its uid was minted by this very sign-in, so no profile
+///   can exist for it yet, and `presentProfileSetup` goes out at once (the hot path of sign-up).
 /// - profile created → `dismiss` (once, however many times it is reported); profile deleted
 ///   while the account stays → `presentProfileSetup`.
 /// - signed out → forget the person and clear their cached profile; withdrawn → delete the
@@ -20,7 +22,8 @@ public struct OnboardingStateMachine: Sendable {
 
     /// What the orchestrator has learnt.
     public enum Input: Sendable, Hashable {
-        case signedIn(uid: String)
+        /// `isNewAccount`: auth created the account with this sign-in.
+        case signedIn(uid: String, isNewAccount: Bool)
         /// "Check me now"; `waiter` is answered with the decision.
         case checkRequested(uid: String, waiter: WaiterID)
         case profileChecked(uid: String, check: CheckID, exists: Bool)
@@ -98,7 +101,11 @@ public struct OnboardingStateMachine: Sendable {
 
     public mutating func handle(_ input: Input) -> [Action] {
         switch input {
-        case .signedIn(let uid):
+        case .signedIn(let uid, let isNewAccount):
+            if isNewAccount, people[uid] == nil {
+                people[uid] = Person(profile: .absent)
+                return [.emit(.presentProfileSetup, uid: uid, reason: .signedIn)]
+            }
             return startCheck(uid: uid, reason: .signedIn, waiter: nil)
 
         case .checkRequested(let uid, let waiter):

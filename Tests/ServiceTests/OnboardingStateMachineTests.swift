@@ -12,7 +12,7 @@ struct OnboardingStateMachineTests {
 
     /// Signs `uid` in and returns the id of the check it starts.
     func signIn(_ machine: inout Machine) -> Machine.CheckID {
-        let actions = machine.handle(.signedIn(uid: uid))
+        let actions = machine.handle(.signedIn(uid: uid, isNewAccount: false))
         guard case .checkProfile(_, let check)? = actions.first, actions.count == 1 else {
             Issue.record("expected one profile check, got \(actions)")
             return 0
@@ -27,6 +27,24 @@ struct OnboardingStateMachineTests {
         #expect(machine.handle(.profileChecked(uid: uid, check: check, exists: false))
             == [.emit(.presentProfileSetup, uid: uid, reason: .signedIn)])
         #expect(machine.profileKnowledge(of: uid) == .absent)
+    }
+
+    @Test("a brand-new account is asked to set up a profile without asking the store: none can exist yet")
+    func newAccount() {
+        var machine = Machine()
+        #expect(machine.handle(.signedIn(uid: uid, isNewAccount: true))
+            == [.emit(.presentProfileSetup, uid: uid, reason: .signedIn)])
+        #expect(machine.profileKnowledge(of: uid) == .absent)
+        #expect(machine.handle(.profileCreated(uid: uid)) == [.emit(.dismiss, uid: uid, reason: .profileCreated)])
+    }
+
+    @Test("a returning person is checked against the profile store")
+    func returningAccount() {
+        var machine = Machine()
+        guard case .checkProfile? = machine.handle(.signedIn(uid: uid, isNewAccount: false)).first else {
+            Issue.record("expected a profile check")
+            return
+        }
     }
 
     @Test("a person with a profile is left where they are")
@@ -153,7 +171,8 @@ struct OnboardingStateMachineTests {
         _ = machine.handle(.withdrawn(uid: uid))
         #expect(machine.handle(.profileDeleted(uid: uid, reason: .withdrawal)).isEmpty)
         #expect(machine.handle(.profileDeleted(uid: uid, reason: .request)).isEmpty)
-        #expect(machine.handle(.signedIn(uid: uid)).isEmpty)
+        #expect(machine.handle(.signedIn(uid: uid, isNewAccount: false)).isEmpty)
+        #expect(machine.handle(.signedIn(uid: uid, isNewAccount: true)).isEmpty)
     }
 
     @Test("a check still in flight when the person withdraws decides nothing")

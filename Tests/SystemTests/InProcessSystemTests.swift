@@ -127,12 +127,16 @@ struct InProcessSystemTests {
             try await bus.waitUntilAnswering(e.orchestratorRPC, source: "test")
             let client = e.client(bus)
             let tap = IntentRecorder(try await client.routeIntents(for: nil))
+            // A new account needs no question: no profile can exist for a uid just minted.
             let uid = try await client.signIn(provider: .google, subject: "patient").uid
+            await tap.next { $0.uid == uid && $0.reason == .signedIn }
+
+            // "Check me now" must ask the profile side, which is down: nothing is decided.
             await expectCode(.dependencyUnavailable) { _ = try await client.checkNow() }
-            #expect(tap.intents(for: uid).isEmpty, "nothing is decided while the profile side is down")
+            #expect(!tap.intents(for: uid).contains { $0.reason == .checkRequested }, "nothing is decided on a guess")
 
             tasks.addTask { try await second.run() }
-            await tap.next { $0.uid == uid && $0.intent == .presentProfileSetup }
+            await tap.next { $0.uid == uid && $0.intent == .presentProfileSetup && $0.reason == .checkRequested }
             await second.triggerGracefulShutdown()
             await first.triggerGracefulShutdown()
             try await tasks.waitForAll()
