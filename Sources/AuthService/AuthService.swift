@@ -106,7 +106,8 @@ public struct AuthService: Service {
                 provider: request.provider, subject: request.subject, idToken: request.idToken)
             let result = try await store.signIn(
                 provider: request.provider, subject: subject, correlationId: context.message.header.id)
-            logger.info(
+            // Per sign-in: debug, so that 1,000 sign-ins/s do not flood the log.
+            logger.debug(
                 "signed in",
                 metadata: ["uid": "\(result.uid)", "provider": "\(result.provider.rawValue)", "new": "\(result.isNewAccount)"])
             return result
@@ -114,7 +115,7 @@ public struct AuthService: Service {
         dispatcher.on(SignOut.self, access: .session) { _, context in
             let uid = try await store.signOut(
                 token: context.message.header.sessionToken ?? "", correlationId: context.message.header.id)
-            logger.info("signed out", metadata: ["uid": "\(uid)"])
+            logger.debug("signed out", metadata: ["uid": "\(uid)"])
             return AccountResult(uid: uid)
         }
         dispatcher.on(Withdraw.self, access: .session) { _, context in
