@@ -100,7 +100,7 @@ public struct AuthService: Service {
     }
 
     private static func dispatcher(store: AuthStore, identities: any IdentityVerifier, logger: Logger) -> RequestDispatcher {
-        var dispatcher = RequestDispatcher(source: ServiceName.auth, sessions: store, logger: logger)
+        var dispatcher = RequestDispatcher(source: ServiceName.auth, sessions: store, serviceToken: nil, logger: logger)
         dispatcher.on(SignIn.self, access: .open) { request, context in
             let subject = try await identities.verify(
                 provider: request.provider, subject: request.subject, idToken: request.idToken)

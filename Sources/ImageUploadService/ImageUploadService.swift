@@ -26,11 +26,18 @@ public struct ImageUploadService: Service {
         public var directory: String
         /// The largest image accepted, in bytes.
         public var maxImageBytes: Int
+        /// The secret every request must carry (all of image-upload is service-only); `nil`
+        /// trusts every caller (tests only).
+        public var serviceToken: String?
 
-        public init(rpc: Endpoint = Defaults.imageRPC, directory: String, maxImageBytes: Int = Defaults.maxImageBytes) {
+        public init(
+            rpc: Endpoint = Defaults.imageRPC, directory: String, maxImageBytes: Int = Defaults.maxImageBytes,
+            serviceToken: String? = nil
+        ) {
             self.rpc = rpc
             self.directory = directory
             self.maxImageBytes = maxImageBytes
+            self.serviceToken = serviceToken
         }
 
         /// What the endpoint accepts: a small envelope, and attachments up to twice the image
@@ -72,13 +79,18 @@ public struct ImageUploadService: Service {
         logger.info("image-upload keeps images in \(configuration.directory)")
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc, limits: configuration.limits,
-            dispatcher: Self.dispatcher(storage: storage, maxImageBytes: configuration.maxImageBytes, logger: logger),
+            dispatcher: Self.dispatcher(
+                storage: storage, maxImageBytes: configuration.maxImageBytes, serviceToken: configuration.serviceToken,
+                logger: logger),
             logger: logger)
         try await server.run()
     }
 
-    private static func dispatcher(storage: ImageStorage, maxImageBytes: Int, logger: Logger) -> RequestDispatcher {
-        var dispatcher = RequestDispatcher(source: ServiceName.imageUpload, sessions: nil, logger: logger)
+    private static func dispatcher(
+        storage: ImageStorage, maxImageBytes: Int, serviceToken: String?, logger: Logger
+    ) -> RequestDispatcher {
+        var dispatcher = RequestDispatcher(
+            source: ServiceName.imageUpload, sessions: nil, serviceToken: serviceToken, logger: logger)
         dispatcher.on(UploadImage.self, access: .service, attachment: .required) { _, context in
             let uid = try safeUID(context)
             let bytes = context.attachment ?? Data()

@@ -27,6 +27,9 @@ public struct EnvelopeHeader: Codable, Sendable, Hashable {
     public var uid: String?
     /// The caller's session token, on user-scoped requests from an app. Never on events.
     public var sessionToken: String?
+    /// The secret our own services share, on calls between them. Apps never have it; never on
+    /// events or replies.
+    public var serviceToken: String?
 
     public init(
         version: Int = EnvelopeHeader.currentVersion,
@@ -37,7 +40,8 @@ public struct EnvelopeHeader: Codable, Sendable, Hashable {
         time: String = Timestamp.now(),
         correlationId: String? = nil,
         uid: String? = nil,
-        sessionToken: String? = nil
+        sessionToken: String? = nil,
+        serviceToken: String? = nil
     ) {
         self.version = version
         self.id = id
@@ -48,6 +52,7 @@ public struct EnvelopeHeader: Codable, Sendable, Hashable {
         self.correlationId = correlationId
         self.uid = uid
         self.sessionToken = sessionToken
+        self.serviceToken = serviceToken
     }
 }
 

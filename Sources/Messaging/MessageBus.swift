@@ -81,8 +81,14 @@ public struct IncomingRequest: Sendable {
     }
 
     /// Replies with `payload` in an envelope of type `type` that answers this request.
-    public func reply<Payload: Codable & Sendable>(type: String, source: String, payload: Payload, attachment: Data? = nil) {
-        let envelope = Envelope(header: message.replyHeader(type: type, source: source), payload: payload)
+    ///
+    /// - Parameter uid: the person the reply is about; by default the request's `uid`.
+    public func reply<Payload: Codable & Sendable>(
+        type: String, source: String, payload: Payload, uid: String? = nil, attachment: Data? = nil
+    ) {
+        var header = message.replyHeader(type: type, source: source)
+        if let uid { header.uid = uid }
+        let envelope = Envelope(header: header, payload: payload)
         do {
             reply(OutgoingMessage(body: try envelope.encoded(), attachment: attachment))
         } catch {

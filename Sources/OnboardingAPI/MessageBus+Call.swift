@@ -7,6 +7,7 @@ extension MessageBus {
     /// - Parameters:
     ///   - uid: the person the request is about, on calls between services.
     ///   - sessionToken: the caller's session, on user-scoped calls from an app.
+    ///   - serviceToken: the secret our services share, on calls between them.
     ///   - attachment: bytes sent as a binary frame after the envelope.
     /// - Throws: ``ServiceError``: the service's refusal with its code, or `timeout`,
     ///   `noResponder`, `closed` from the bus, or `invalidMessage` when the reply cannot be read.
@@ -16,12 +17,14 @@ extension MessageBus {
         source: String,
         uid: String? = nil,
         sessionToken: String? = nil,
+        serviceToken: String? = nil,
         correlationId: String? = nil,
         attachment: Data? = nil,
         timeout: Duration = Defaults.requestTimeout
     ) async throws -> Request.Response {
         let header = EnvelopeHeader(
-            type: Request.type, source: source, correlationId: correlationId, uid: uid, sessionToken: sessionToken)
+            type: Request.type, source: source, correlationId: correlationId, uid: uid, sessionToken: sessionToken,
+            serviceToken: serviceToken)
         let outgoing: OutgoingMessage
         do {
             outgoing = try OutgoingMessage(Envelope(header: header, payload: request), attachment: attachment)

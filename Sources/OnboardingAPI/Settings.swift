@@ -14,9 +14,25 @@ public enum Settings {
         return value
     }
 
-    public static func integer(_ flag: Int?, env: String, default value: Int) -> Int {
+    /// - Throws: ``ServiceError`` `invalidRequest` when the environment variable is not a number.
+    public static func integer(_ flag: Int?, env: String, default value: Int) throws -> Int {
         if let flag { return flag }
-        if let text = environment(env), let number = Int(text) { return number }
-        return value
+        guard let text = environment(env) else { return value }
+        guard let number = Int(text) else {
+            throw ServiceError(.invalidRequest, "\(env) must be a whole number, not '\(text)'.")
+        }
+        return number
+    }
+
+    /// The largest image accepted: `--max-image-bytes`, `ONBOARDING_MAX_IMAGE_BYTES`, or 5 MiB.
+    ///
+    /// - Throws: ``ServiceError`` `invalidRequest` unless it is from 1 byte to 1 GiB.
+    public static func imageLimit(_ flag: Int?) throws -> Int {
+        let limit = try integer(flag, env: "ONBOARDING_MAX_IMAGE_BYTES", default: Defaults.maxImageBytes)
+        guard (1...(1 << 30)).contains(limit) else {
+            throw ServiceError(
+                .invalidRequest, "The image limit must be from 1 byte to 1 GiB (1073741824), not \(limit).")
+        }
+        return limit
     }
 }

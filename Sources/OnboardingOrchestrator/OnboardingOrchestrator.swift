@@ -27,6 +27,8 @@ public struct OnboardingOrchestrator: Service {
         /// How long one call to another service may take.
         public var callTimeout: Duration
         public var retryPolicy: RetryPolicy
+        /// The secret the orchestrator's calls to profile and image-upload carry.
+        public var serviceToken: String?
 
         public init(
             rpc: Endpoint = Defaults.orchestratorRPC,
@@ -38,7 +40,8 @@ public struct OnboardingOrchestrator: Service {
             imageRPC: Endpoint = Defaults.imageRPC,
             maxImageBytes: Int = Defaults.maxImageBytes,
             callTimeout: Duration = .seconds(2),
-            retryPolicy: RetryPolicy = RetryPolicy()
+            retryPolicy: RetryPolicy = RetryPolicy(),
+            serviceToken: String? = nil
         ) {
             self.rpc = rpc
             self.routes = routes
@@ -50,6 +53,7 @@ public struct OnboardingOrchestrator: Service {
             self.maxImageBytes = maxImageBytes
             self.callTimeout = callTimeout
             self.retryPolicy = retryPolicy
+            self.serviceToken = serviceToken
         }
     }
 
@@ -80,7 +84,10 @@ public struct OnboardingOrchestrator: Service {
 
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc,
-            limits: MessageLimits(maxEnvelopeBytes: 64 * 1024, maxAttachmentBytes: configuration.maxImageBytes * 2),
+            limits: MessageLimits(
+                maxEnvelopeBytes: 64 * 1024,
+                maxAttachmentBytes: configuration.maxImageBytes.multipliedReportingOverflow(by: 2).overflow
+                    ? .max : configuration.maxImageBytes * 2),
             dispatcher: engine.dispatcher(sessions: sessions), logger: logger)
 
         try await withThrowingDiscardingTaskGroup { group in
@@ -167,7 +174,7 @@ final class Engine: Sendable {
             enqueue { engine in
                 do {
                     let result = try await engine.bus.call(
-                        GetProfile(), to: engine.configuration.profileRPC, source: engine.source, uid: uid,
+                        GetProfile(), to: engine.configuration.profileRPC, source: engine.source, uid: uid, serviceToken: engine.configuration.serviceToken,
                         timeout: engine.configuration.callTimeout)
                     engine.send(.profileChecked(uid: uid, check: check, exists: result.profile != nil))
                 } catch {
@@ -190,7 +197,7 @@ final class Engine: Sendable {
             enqueue { engine in
                 do {
                     _ = try await engine.bus.call(
-                        EvictCachedProfile(), to: engine.configuration.profileRPC, source: engine.source, uid: uid,
+                        EvictCachedProfile(), to: engine.configuration.profileRPC, source: engine.source, uid: uid, serviceToken: engine.configuration.serviceToken,
                         timeout: engine.configuration.callTimeout)
                 } catch {
                     engine.logger.warning("could not clear the cached profile of \(uid): \(error)")
@@ -203,11 +210,11 @@ final class Engine: Sendable {
                     case .deleteProfile:
                         _ = try await engine.bus.call(
                             DeleteProfile(reason: .withdrawal), to: engine.configuration.profileRPC,
-                            source: engine.source, uid: uid, timeout: engine.configuration.callTimeout)
+                            source: engine.source, uid: uid, serviceToken: engine.configuration.serviceToken, timeout: engine.configuration.callTimeout)
                     case .deleteImages:
                         _ = try await engine.bus.call(
                             DeleteAllImages(), to: engine.configuration.imageRPC,
-                            source: engine.source, uid: uid, timeout: engine.configuration.callTimeout)
+                            source: engine.source, uid: uid, serviceToken: engine.configuration.serviceToken, timeout: engine.configuration.callTimeout)
                     }
                     engine.send(.cleanupFinished(uid: uid, step: step))
                 } catch {
@@ -250,7 +257,7 @@ final class Engine: Sendable {
     // MARK: Requests
 
     func dispatcher(sessions: any SessionVerifier) -> RequestDispatcher {
-        var dispatcher = RequestDispatcher(source: source, sessions: sessions, logger: logger)
+        var dispatcher = RequestDispatcher(source: source, sessions: sessions, serviceToken: nil, logger: logger)
         dispatcher.on(CheckOnboarding.self, access: .session) { [self] _, context in
             try await check(uid: try context.requireUID())
         }
@@ -281,7 +288,7 @@ final class Engine: Sendable {
             case .uploadImage:
                 do {
                     let stored = try await bus.call(
-                        UploadImage(contentType: request.contentType), to: imageRPC, source: source, uid: uid,
+                        UploadImage(contentType: request.contentType), to: imageRPC, source: source, uid: uid, serviceToken: configuration.serviceToken,
                         correlationId: correlationId, attachment: image, timeout: timeout)
                     step = saga.next(after: .uploaded(path: stored.path))
                 } catch {
@@ -291,7 +298,7 @@ final class Engine: Sendable {
                 do {
                     let created = try await bus.call(
                         CreateProfile(username: username, imagePath: imagePath), to: profileRPC, source: source,
-                        uid: uid, correlationId: correlationId, timeout: timeout)
+                        uid: uid, serviceToken: configuration.serviceToken, correlationId: correlationId, timeout: timeout)
                     guard let profile = created.profile else {
                         throw ServiceError(.invalidMessage, "profile.create answered without a profile.")
                     }
@@ -301,14 +308,14 @@ final class Engine: Sendable {
                 }
             case .lookUpProfile:
                 do {
-                    let found = try await bus.call(GetProfile(), to: profileRPC, source: source, uid: uid, timeout: timeout)
+                    let found = try await bus.call(GetProfile(), to: profileRPC, source: source, uid: uid, serviceToken: configuration.serviceToken, timeout: timeout)
                     step = saga.next(after: .lookedUp(found.profile))
                 } catch {
                     step = saga.next(after: .lookUpFailed(Self.serviceError(error)))
                 }
             case .deleteImage(let path):
                 do {
-                    _ = try await bus.call(DeleteImage(path: path), to: imageRPC, source: source, uid: uid, timeout: timeout)
+                    _ = try await bus.call(DeleteImage(path: path), to: imageRPC, source: source, uid: uid, serviceToken: configuration.serviceToken, timeout: timeout)
                     step = saga.next(after: .imageDeleted)
                 } catch {
                     logger.error("could not remove image \(path) of a profile that was not created: \(error)")

@@ -10,8 +10,9 @@ struct ProfileRequests: Sendable {
     let store: ProfileStore
     let cache: ProfileCache
 
-    func dispatcher(sessions: any SessionVerifier, logger: Logger) -> RequestDispatcher {
-        var dispatcher = RequestDispatcher(source: ServiceName.profile, sessions: sessions, logger: logger)
+    func dispatcher(sessions: any SessionVerifier, serviceToken: String?, logger: Logger) -> RequestDispatcher {
+        var dispatcher = RequestDispatcher(
+            source: ServiceName.profile, sessions: sessions, serviceToken: serviceToken, logger: logger)
         dispatcher.on(GetProfile.self, access: .sessionOrService) { _, context in
             ProfileResult(profile: try await profile(of: context.requireUID()))
         }

@@ -26,6 +26,8 @@ public struct ProfileService: Service {
         public var databasePath: String?
         /// How many people's profiles the cache keeps; at least 1.
         public var cacheCapacity: Int
+        /// The secret service-only requests must carry; `nil` trusts every caller (tests only).
+        public var serviceToken: String?
 
         public static let defaultCacheCapacity = 100_000
 
@@ -34,13 +36,15 @@ public struct ProfileService: Service {
             events: Endpoint = Defaults.profileEvents,
             authRPC: Endpoint = Defaults.authRPC,
             databasePath: String? = nil,
-            cacheCapacity: Int = Configuration.defaultCacheCapacity
+            cacheCapacity: Int = Configuration.defaultCacheCapacity,
+            serviceToken: String? = nil
         ) {
             self.rpc = rpc
             self.events = events
             self.authRPC = authRPC
             self.databasePath = databasePath
             self.cacheCapacity = cacheCapacity
+            self.serviceToken = serviceToken
         }
     }
 
@@ -94,7 +98,7 @@ public struct ProfileService: Service {
         let requests = ProfileRequests(store: store, cache: cache)
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc, limits: Self.rpcLimits,
-            dispatcher: requests.dispatcher(sessions: sessions, logger: logger), logger: logger)
+            dispatcher: requests.dispatcher(sessions: sessions, serviceToken: configuration.serviceToken, logger: logger), logger: logger)
         try await server.run()
     }
 }

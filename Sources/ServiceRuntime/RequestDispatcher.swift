@@ -10,7 +10,8 @@ public enum Access: Sendable {
     /// An app acting for a person: the envelope must carry a valid `sessionToken`; the uid is
     /// the session's, whatever the envelope's `uid` says.
     case session
-    /// Another service of ours: the envelope's `uid` names the person and is trusted.
+    /// Another service of ours: the envelope must carry the service token; its `uid` names the
+    /// person and is trusted.
     case service
     /// Either of the two above: a `sessionToken` when there is one, otherwise the `uid`.
     case sessionOrService
@@ -51,15 +52,20 @@ public struct RequestDispatcher: Sendable {
 
     public let source: String
     private let sessions: (any SessionVerifier)?
+    private let serviceToken: String?
     private let logger: Logger
     private var handlers: [String: Handler] = [:]
     private let startedAt = Timestamp.now()
 
-    /// - Parameter sessions: verifies session tokens; required when any route uses
-    ///   ``Access/session`` or ``Access/sessionOrService``.
-    public init(source: String, sessions: (any SessionVerifier)?, logger: Logger) {
+    /// - Parameters:
+    ///   - sessions: verifies session tokens; required when any route uses ``Access/session`` or
+    ///     ``Access/sessionOrService``.
+    ///   - serviceToken: the secret that ``Access/service`` requests must carry. `nil` accepts
+    ///     every caller as a service: only for tests that run every service in one process.
+    public init(source: String, sessions: (any SessionVerifier)?, serviceToken: String?, logger: Logger) {
         self.source = source
         self.sessions = sessions
+        self.serviceToken = serviceToken
         self.logger = logger
     }
 
@@ -72,6 +78,7 @@ public struct RequestDispatcher: Sendable {
     ) {
         let source = self.source
         let sessions = self.sessions
+        let serviceToken = self.serviceToken
         let logger = self.logger
         handlers[Request.type] = { incoming in
             do {
@@ -85,9 +92,10 @@ public struct RequestDispatcher: Sendable {
                     break
                 }
                 let request = try message.payload(as: Request.self)
-                let uid = try await Self.resolveUID(message: message, access: access, sessions: sessions)
+                let uid = try await Self.resolveUID(
+                    message: message, access: access, sessions: sessions, serviceToken: serviceToken)
                 let response = try await handler(request, RequestContext(message: message, uid: uid))
-                incoming.reply(type: Request.replyType, source: source, payload: response)
+                incoming.reply(type: Request.replyType, source: source, payload: response, uid: uid)
             } catch let error as ServiceError {
                 incoming.fail(error, source: source)
             } catch {
@@ -97,7 +105,9 @@ public struct RequestDispatcher: Sendable {
         }
     }
 
-    private static func resolveUID(message: Message, access: Access, sessions: (any SessionVerifier)?) async throws -> String? {
+    private static func resolveUID(
+        message: Message, access: Access, sessions: (any SessionVerifier)?, serviceToken: String?
+    ) async throws -> String? {
         func verifiedSession() async throws -> String {
             guard let token = message.header.sessionToken, !token.isEmpty else {
                 throw ServiceError(.unauthenticated, "This request needs the sessionToken from auth.signIn. Sign in first.")
@@ -108,6 +118,12 @@ public struct RequestDispatcher: Sendable {
             return try await sessions.uid(forSessionToken: token)
         }
         func namedByService() throws -> String {
+            if let serviceToken, !constantTimeEqual(message.header.serviceToken ?? "", serviceToken) {
+                throw ServiceError(
+                    .unauthenticated,
+                    "\(message.header.type) is for our own services only (it needs the service token). "
+                        + "Apps call it with the sessionToken from auth.signIn, where the request allows that.")
+            }
             guard let uid = message.header.uid, !uid.isEmpty else {
                 throw ServiceError(.invalidRequest, "This request must name a person in the envelope's uid.")
             }
@@ -118,7 +134,9 @@ public struct RequestDispatcher: Sendable {
         case .session: return try await verifiedSession()
         case .service: return try namedByService()
         case .sessionOrService:
-            return message.header.sessionToken == nil ? try namedByService() : try await verifiedSession()
+            if message.header.sessionToken != nil { return try await verifiedSession() }
+            if serviceToken == nil || message.header.serviceToken != nil { return try namedByService() }
+            return try await verifiedSession()
         }
     }
 
@@ -142,4 +160,11 @@ public struct RequestDispatcher: Sendable {
         }
         await handler(request)
     }
+}
+
+/// Compares two secrets in time that depends on their lengths only, not on where they differ.
+func constantTimeEqual(_ lhs: String, _ rhs: String) -> Bool {
+    let a = Array(lhs.utf8), b = Array(rhs.utf8)
+    guard a.count == b.count else { return false }
+    return zip(a, b).reduce(UInt8(0)) { $0 | ($1.0 ^ $1.1) } == 0
 }

@@ -14,10 +14,25 @@ public struct CommonServiceOptions: ParsableArguments {
     @Option(name: .long, help: "trace, debug, info, notice, warning, error or critical. Env: ONBOARDING_LOG_LEVEL. Default: info")
     public var logLevel: String?
 
+    @Option(
+        name: .long,
+        help: """
+            The secret our services share for calls between them. Env: ONBOARDING_SERVICE_TOKEN.             Default: read from <data-dir>/service.token, which is created on first use.
+            """)
+    public var serviceToken: String?
+
     public init() {}
 
     public var dataDirectory: String {
         dataDir ?? Settings.environment("ONBOARDING_DATA_DIR") ?? Defaults.dataDirectory
+    }
+
+    /// The service token: the flag, the environment, or the token file in the data directory
+    /// (created with a new random secret, readable by this user only, when there is none).
+    public func resolvedServiceToken() throws -> String {
+        if let serviceToken, !serviceToken.isEmpty { return serviceToken }
+        if let token = Settings.environment("ONBOARDING_SERVICE_TOKEN") { return token }
+        return try ServiceTokenFile(directory: dataDirectory).readOrCreate()
     }
 
     public var level: Logger.Level {
@@ -67,5 +82,45 @@ public enum ServiceHost {
         logger.info("\(name) started (pid \(ProcessInfo.processInfo.processIdentifier))")
         try await group.run()
         logger.info("\(name) stopped")
+    }
+}
+
+/// The file `<data-dir>/service.token`: the secret every service started on one data directory
+/// shares, so that a local deployment needs no set-up.
+public struct ServiceTokenFile: Sendable {
+    public let path: String
+
+    public init(directory: String) {
+        self.path = URL(fileURLWithPath: directory).appendingPathComponent("service.token").path
+    }
+
+    /// Reads the token, or creates it when there is none. Safe when several services start at
+    /// once: exactly one creates the file, and the others read what it wrote.
+    public func readOrCreate() throws -> String {
+        if let token = read() { return token }
+        let directory = URL(fileURLWithPath: path).deletingLastPathComponent().path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        var bytes = [UInt8](repeating: 0, count: 32)
+        var generator = SystemRandomNumberGenerator()
+        for index in bytes.indices { bytes[index] = generator.next() }
+        let token = bytes.map { String(format: "%02x", $0) }.joined()
+        let temporary = path + ".\(ProcessInfo.processInfo.processIdentifier).tmp"
+        guard FileManager.default.createFile(atPath: temporary, contents: Data(token.utf8), attributes: [.posixPermissions: 0o600]) else {
+            throw ServiceError(.storeUnavailable, "Could not write \(temporary); check that the data directory is writable.")
+        }
+        // link(2) fails if the token file appeared meanwhile: then the other process's wins.
+        let linked = link(temporary, path) == 0
+        unlink(temporary)
+        if linked { return token }
+        guard let token = read() else {
+            throw ServiceError(.storeUnavailable, "Could not create or read \(path).")
+        }
+        return token
+    }
+
+    private func read() -> String? {
+        guard let data = FileManager.default.contents(atPath: path) else { return nil }
+        let token = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        return token.isEmpty ? nil : token
     }
 }

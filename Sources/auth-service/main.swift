@@ -16,7 +16,7 @@ struct AuthServiceCommand: AsyncParsableCommand {
     @Option(help: "Event publisher endpoint. Env: ONBOARDING_AUTH_EVENTS. Default: \(Defaults.authEvents)")
     var events: String?
 
-    @Option(help: "SQLite database file. Default: <data-dir>/auth.sqlite")
+    @Option(help: "SQLite database file. Env: ONBOARDING_AUTH_DATABASE. Default: <data-dir>/auth.sqlite")
     var database: String?
 
     @Flag(help: "Accept provider subjects without ID tokens, for local use only. Env: ONBOARDING_AUTH_DEV_MODE=1. Default: off")
@@ -30,7 +30,7 @@ struct AuthServiceCommand: AsyncParsableCommand {
         let configuration = AuthService.Configuration(
             rpc: Settings.endpoint(rpc, env: "ONBOARDING_AUTH_RPC", default: Defaults.authRPC),
             events: Settings.endpoint(events, env: "ONBOARDING_AUTH_EVENTS", default: Defaults.authEvents),
-            databasePath: database ?? "\(common.dataDirectory)/auth.sqlite",
+            databasePath: database ?? Settings.environment("ONBOARDING_AUTH_DATABASE") ?? "\(common.dataDirectory)/auth.sqlite",
             devMode: devMode || ["1", "true"].contains(Settings.environment("ONBOARDING_AUTH_DEV_MODE")?.lowercased()))
         try await ServiceHost.run(name: ServiceName.auth, logger: logger) { bus in
             [try AuthService(configuration: configuration, bus: bus, logger: logger)]

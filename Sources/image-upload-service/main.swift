@@ -13,7 +13,7 @@ struct ImageUploadServiceCommand: AsyncParsableCommand {
     @Option(help: "Request endpoint. Env: ONBOARDING_IMAGE_RPC. Default: \(Defaults.imageRPC)")
     var rpc: String?
 
-    @Option(help: "Images root folder. Default: <data-dir>/images")
+    @Option(help: "Images root folder. Env: ONBOARDING_IMAGE_DIR. Default: <data-dir>/images")
     var directory: String?
 
     @Option(help: "Largest image accepted, in bytes. Env: ONBOARDING_MAX_IMAGE_BYTES. Default: \(Defaults.maxImageBytes)")
@@ -26,8 +26,9 @@ struct ImageUploadServiceCommand: AsyncParsableCommand {
         let logger = Logger(label: ServiceName.imageUpload)
         let configuration = ImageUploadService.Configuration(
             rpc: Settings.endpoint(rpc, env: "ONBOARDING_IMAGE_RPC", default: Defaults.imageRPC),
-            directory: directory ?? "\(common.dataDirectory)/images",
-            maxImageBytes: Settings.integer(maxImageBytes, env: "ONBOARDING_MAX_IMAGE_BYTES", default: Defaults.maxImageBytes))
+            directory: directory ?? Settings.environment("ONBOARDING_IMAGE_DIR") ?? "\(common.dataDirectory)/images",
+            maxImageBytes: try Settings.imageLimit(maxImageBytes),
+            serviceToken: try common.resolvedServiceToken())
         try await ServiceHost.run(name: ServiceName.imageUpload, logger: logger) { bus in
             [try ImageUploadService(configuration: configuration, bus: bus, logger: logger)]
         }

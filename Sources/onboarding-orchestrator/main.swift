@@ -40,7 +40,8 @@ struct OrchestratorCommand: AsyncParsableCommand {
             profileRPC: Settings.endpoint(profileRpc, env: "ONBOARDING_PROFILE_RPC", default: Defaults.profileRPC),
             profileEvents: Settings.endpoint(profileEvents, env: "ONBOARDING_PROFILE_EVENTS", default: Defaults.profileEvents),
             imageRPC: Settings.endpoint(imageRpc, env: "ONBOARDING_IMAGE_RPC", default: Defaults.imageRPC),
-            maxImageBytes: Settings.integer(maxImageBytes, env: "ONBOARDING_MAX_IMAGE_BYTES", default: Defaults.maxImageBytes))
+            maxImageBytes: try Settings.imageLimit(maxImageBytes),
+            serviceToken: try common.resolvedServiceToken())
         try await ServiceHost.run(name: ServiceName.orchestrator, logger: logger) { bus in
             [OnboardingOrchestrator(configuration: configuration, bus: bus, logger: logger)]
         }

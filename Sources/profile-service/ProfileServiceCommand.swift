@@ -20,7 +20,7 @@ struct ProfileServiceCommand: AsyncParsableCommand {
     @Option(help: "Auth's request endpoint, to verify sessions. Env: ONBOARDING_AUTH_RPC. Default: \(Defaults.authRPC)")
     var authRPC: String?
 
-    @Option(help: "The SQLite database file. Default: <data-dir>/profile.sqlite")
+    @Option(help: "The SQLite database file. Env: ONBOARDING_PROFILE_DATABASE. Default: <data-dir>/profile.sqlite")
     var database: String?
 
     @Option(help: "How many people's profiles to cache. Default: \(ProfileService.Configuration.defaultCacheCapacity)")
@@ -29,7 +29,7 @@ struct ProfileServiceCommand: AsyncParsableCommand {
     @OptionGroup var common: CommonServiceOptions
 
     func validate() throws {
-        if let cacheCapacity, cacheCapacity < 1 { 
+        if let cacheCapacity, cacheCapacity < 1 {
             throw ValidationError("--cache-capacity must be at least 1.")
         }
     }
@@ -41,8 +41,10 @@ struct ProfileServiceCommand: AsyncParsableCommand {
             rpc: Settings.endpoint(rpc, env: "ONBOARDING_PROFILE_RPC", default: Defaults.profileRPC),
             events: Settings.endpoint(events, env: "ONBOARDING_PROFILE_EVENTS", default: Defaults.profileEvents),
             authRPC: Settings.endpoint(authRPC, env: "ONBOARDING_AUTH_RPC", default: Defaults.authRPC),
-            databasePath: database ?? URL(fileURLWithPath: common.dataDirectory).appendingPathComponent("profile.sqlite").path,
-            cacheCapacity: cacheCapacity ?? ProfileService.Configuration.defaultCacheCapacity)
+            databasePath: database ?? Settings.environment("ONBOARDING_PROFILE_DATABASE")
+                ?? URL(fileURLWithPath: common.dataDirectory).appendingPathComponent("profile.sqlite").path,
+            cacheCapacity: cacheCapacity ?? ProfileService.Configuration.defaultCacheCapacity,
+            serviceToken: try common.resolvedServiceToken())
         try await ServiceHost.run(name: ServiceName.profile, logger: logger) { bus in
             [try ProfileService(configuration: configuration, bus: bus, logger: logger)]
         }

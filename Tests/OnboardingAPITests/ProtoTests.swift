@@ -101,8 +101,9 @@ struct ProtoTests {
         // from `"payload": null` (see swiftIsLenientAboutEmptyPayloads).
         let reply = try Proto.example("image.deleteAll.reply")  // has correlationId and uid
         let request = try Proto.example("auth.signOut")  // has sessionToken
+        let serviceRequest = try Proto.example("image.deleteAll")  // has serviceToken
         for name in (schema["properties"]?.objectValue ?? [:]).keys.sorted() {
-            let example = reply[name] != nil ? reply : request
+            let example = [reply, request, serviceRequest].first { $0[name] != nil } ?? request
             #expect(example[name] != nil, "no example sets \(name)")
             for variant in [PropertyChange.remove, .setNull] {
                 let changed = example.changing(name, variant)

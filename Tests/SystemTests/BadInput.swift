@@ -12,18 +12,23 @@ func rawError(
     return reply.serviceError
 }
 
-func envelope(_ type: String, payload: String = "{}", uid: String? = nil, token: String? = nil) -> Data {
+func envelope(
+    _ type: String, payload: String = "{}", uid: String? = nil, token: String? = nil, serviceToken: String? = nil
+) -> Data {
     var fields = [
         "\"version\":1", "\"id\":\"\(UUID().uuidString.lowercased())\"", "\"type\":\"\(type)\"",
         "\"source\":\"test\"", "\"sequence\":0", "\"time\":\"\(Timestamp.now())\"", "\"payload\":\(payload)",
     ]
     if let uid { fields.append("\"uid\":\"\(uid)\"") }
     if let token { fields.append("\"sessionToken\":\"\(token)\"") }
+    if let serviceToken { fields.append("\"serviceToken\":\"\(serviceToken)\"") }
     return Data("{\(fields.joined(separator: ","))}".utf8)
 }
 
 /// Bad input at every endpoint: each gets a typed error and no service goes down.
-func runBadInput(bus: any MessageBus, endpoints: SystemEndpoints) async throws {
+///
+/// - Parameter serviceToken: the secret the services share.
+func runBadInput(bus: any MessageBus, endpoints: SystemEndpoints, serviceToken: String) async throws {
     let app = endpoints.client(bus, name: "bad-input")
     let signedIn = try await app.signIn(provider: .naver, subject: "bad-input-\(UUID().uuidString)")
     let uid = signedIn.uid
@@ -56,6 +61,23 @@ func runBadInput(bus: any MessageBus, endpoints: SystemEndpoints) async throws {
     #expect(try await rawError(bus, endpoints.orchestratorRPC, body: envelope(SetUpProfile.type, payload: "{\"username\":\"mina\"}", token: "forged"))?.code == .unauthenticated)
     #expect(try await rawError(bus, endpoints.profileRPC, body: envelope(GetProfile.type, token: "forged"))?.code == .unauthenticated)
 
+    // Requests for our own services only: without the service token, or with a forged one, an
+    // app (or anyone) cannot act for a person by naming their uid.
+    let serviceOnly: [(Endpoint, String, String)] = [
+        (endpoints.profileRPC, CreateProfile.type, "{\"username\":\"intruder\"}"),
+        (endpoints.profileRPC, UpdateProfile.type, "{\"username\":\"intruder\"}"),
+        (endpoints.profileRPC, DeleteProfile.type, "{\"reason\":\"request\"}"),
+        (endpoints.profileRPC, GetProfile.type, "{}"),
+        (endpoints.profileRPC, EvictCachedProfile.type, "{}"),
+        (endpoints.imageRPC, DeleteAllImages.type, "{}"),
+        (endpoints.imageRPC, DeleteImage.type, "{\"path\":\"\(uid)/x.png\"}"),
+    ]
+    for (endpoint, type, payload) in serviceOnly {
+        #expect(try await rawError(bus, endpoint, body: envelope(type, payload: payload, uid: uid))?.code == .unauthenticated, "\(type) without the service token")
+        #expect(try await rawError(bus, endpoint, body: envelope(type, payload: payload, uid: uid, serviceToken: "forged"))?.code == .unauthenticated, "\(type) with a forged service token")
+    }
+    #expect(try await rawError(bus, endpoints.imageRPC, body: envelope(UploadImage.type, uid: uid), attachment: pngBytes)?.code == .unauthenticated)
+
     // Invalid usernames, in the domain's order.
     let cases: [(String, UsernameProblem)] = [("", .empty), ("a", .tooShort), ("abcdefghij", .tooLong), ("mi na", .invalidCharacters)]
     for (name, problem) in cases {
@@ -70,7 +92,7 @@ func runBadInput(bus: any MessageBus, endpoints: SystemEndpoints) async throws {
         _ = try await app.setUpProfile(username: "empty\(Int.random(in: 10...99))", image: Data(), contentType: "image/png")
     }
     #expect(try await app.profile() == nil)
-    #expect(try await rawError(bus, endpoints.imageRPC, body: envelope(UploadImage.type, uid: uid))?.code == .unexpectedFrames)
+    #expect(try await rawError(bus, endpoints.imageRPC, body: envelope(UploadImage.type, uid: uid, serviceToken: serviceToken))?.code == .unexpectedFrames)
 
     // Every service still answers.
     for (name, endpoint) in endpoints.rpcEndpoints {

@@ -23,6 +23,9 @@ struct InProcessSystem {
 
     var imagesRoot: URL { directory.appendingPathComponent("images") }
 
+    /// The secret the services share, as the executables read it from the data directory.
+    static let serviceToken = "in-process-service-token"
+
     /// Runs the services while `body` runs, then stops them.
     func run(_ body: @Sendable (InProcessSystem) async throws -> Void) async throws {
         var logger = Logger(label: "in-process-system")
@@ -33,14 +36,18 @@ struct InProcessSystem {
                 configuration: .init(rpc: e.authRPC, events: e.authEvents, databasePath: directory.appendingPathComponent("auth.sqlite").path, devMode: true),
                 bus: bus, logger: logger),
             try ProfileService(
-                configuration: .init(rpc: e.profileRPC, events: e.profileEvents, authRPC: e.authRPC, databasePath: directory.appendingPathComponent("profile.sqlite").path),
+                configuration: .init(
+                    rpc: e.profileRPC, events: e.profileEvents, authRPC: e.authRPC,
+                    databasePath: directory.appendingPathComponent("profile.sqlite").path, serviceToken: Self.serviceToken),
                 bus: bus, logger: logger),
             try ImageUploadService(
-                configuration: .init(rpc: e.imageRPC, directory: imagesRoot.path), bus: bus, logger: logger),
+                configuration: .init(rpc: e.imageRPC, directory: imagesRoot.path, serviceToken: Self.serviceToken),
+                bus: bus, logger: logger),
             OnboardingOrchestrator(
                 configuration: .init(
                     rpc: e.orchestratorRPC, routes: e.routes, authRPC: e.authRPC, authEvents: e.authEvents,
-                    profileRPC: e.profileRPC, profileEvents: e.profileEvents, imageRPC: e.imageRPC),
+                    profileRPC: e.profileRPC, profileEvents: e.profileEvents, imageRPC: e.imageRPC,
+                    serviceToken: Self.serviceToken),
                 bus: bus, logger: logger),
         ]
         let group = ServiceGroup(services: services, logger: logger)
@@ -69,7 +76,7 @@ struct InProcessSystemTests {
     @Test("bad input at every endpoint gets a typed error and no service goes down")
     func badInput() async throws {
         try await InProcessSystem().run { system in
-            try await runBadInput(bus: system.bus, endpoints: system.endpoints)
+            try await runBadInput(bus: system.bus, endpoints: system.endpoints, serviceToken: InProcessSystem.serviceToken)
         }
     }
 

@@ -107,7 +107,8 @@ struct ZeroMQSystemTests {
     @Test("bad input at every endpoint gets a typed error and no service goes down")
     func badInput() async throws {
         try await RunningSystem.run { bus, system in
-            try await runBadInput(bus: bus, endpoints: system.endpoints)
+            let token = try ServiceTokenFile(directory: system.directory.path).readOrCreate()
+            try await runBadInput(bus: bus, endpoints: system.endpoints, serviceToken: token)
         }
     }
 
