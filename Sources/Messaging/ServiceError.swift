@@ -38,6 +38,9 @@ extension ErrorCode {
     public static let messageTooLarge: ErrorCode = "messageTooLarge"
     /// The service has too much in flight; try again shortly.
     public static let overloaded: ErrorCode = "overloaded"
+    /// The service is stopping and takes no new work; try again in a moment (a restarted or
+    /// another instance will answer).
+    public static let shuttingDown: ErrorCode = "shuttingDown"
     /// A fault inside the service; it has been logged there.
     public static let internalError: ErrorCode = "internalError"
 }

@@ -1,38 +1,185 @@
 import Logging
 import Messaging
 import ServiceLifecycle
+import Synchronization
 
 /// Serves a ``RequestDispatcher`` at an endpoint until graceful shutdown.
 ///
-/// Each request is handled in a child task, so a slow handler does not hold up the others.
-/// On graceful shutdown it stops taking requests (unbinding the endpoint), lets the ones in
-/// flight finish, then returns.
+/// - Each request is handled in a child task, so a slow handler does not hold up the others; at
+///   most ``maxInFlight`` run at once. Beyond that the server stops taking requests off the bus,
+///   whose queue then fills and answers the newest ones with `overloaded`.
+/// - On graceful shutdown it takes no new work: requests that still arrive are answered with
+///   `shuttingDown`. Once every request in flight has been answered, it unbinds the endpoint and
+///   returns, so no reply is lost and nobody waits for one that will not come.
 public struct RequestServer: Service {
     public let bus: any MessageBus
     public let endpoint: Endpoint
     public let limits: MessageLimits
     public let dispatcher: RequestDispatcher
     public let logger: Logger
+    public let maxInFlight: Int
 
-    public init(bus: any MessageBus, endpoint: Endpoint, limits: MessageLimits = MessageLimits(),
-                dispatcher: RequestDispatcher, logger: Logger) {
+    public init(
+        bus: any MessageBus, endpoint: Endpoint, limits: MessageLimits = MessageLimits(),
+        dispatcher: RequestDispatcher, logger: Logger, maxInFlight: Int = 1024
+    ) {
         self.bus = bus
         self.endpoint = endpoint
         self.limits = limits
         self.dispatcher = dispatcher
         self.logger = logger
+        self.maxInFlight = max(1, maxInFlight)
     }
+
+    private struct Drained: Error {}
 
     public func run() async throws {
         let requests = try await bus.serve(at: endpoint, limits: limits)
         logger.info("\(dispatcher.source) answers requests at \(endpoint)")
-        let bus = self.bus
-        let dispatcher = self.dispatcher
-        await withDiscardingTaskGroup { group in
-            for await request in requests.cancelOnGracefulShutdown() {
-                group.addTask { await dispatcher.handle(request, statistics: bus.statistics) }
+        let (bus, dispatcher, source) = (self.bus, self.dispatcher, self.dispatcher.source)
+        let work = InFlight(limit: maxInFlight)
+        do {
+            try await withGracefulShutdownHandler {
+                // Both the watcher and the accept loop are child tasks: when the watcher throws,
+                // the group cancels the accept loop, which ends the stream and unbinds.
+                try await withThrowingDiscardingTaskGroup { group in
+                    group.addTask {
+                        await work.waitUntilDrained()
+                        throw Drained()
+                    }
+                    group.addTask {
+                        await withDiscardingTaskGroup { handlers in
+                            for await request in requests {
+                                guard await work.acquire() else {
+                                    request.fail(
+                                        ServiceError(.shuttingDown, "\(source) is shutting down; try again in a moment."),
+                                        source: source)
+                                    continue
+                                }
+                                handlers.addTask {
+                                    await dispatcher.handle(request, statistics: bus.statistics)
+                                    work.release()
+                                }
+                            }
+                            // The stream ended (the bus is shutting down): finish what is in flight.
+                            work.beginDraining()
+                        }
+                    }
+                }
+            } onGracefulShutdown: {
+                work.beginDraining()
+            }
+        } catch is Drained {
+            // Every request in flight was answered.
+        }
+        logger.info("\(source) stopped taking requests at \(endpoint)")
+    }
+}
+
+/// Counts requests in flight, holds the accept loop back at the limit, and says when a
+/// draining server has nothing left in flight.
+///
+/// Thread safety: all state behind one mutex; continuations are resumed outside it.
+final class InFlight: Sendable {
+    private struct State {
+        var running = 0
+        var draining = false
+        var admissions: [CheckedContinuation<Bool, Never>] = []
+        var drained: CheckedContinuation<Void, Never>?
+        var drainedSignalled = false
+    }
+
+    private let limit: Int
+    private let state = Mutex(State())
+
+    init(limit: Int) {
+        self.limit = limit
+    }
+
+    /// Waits for room for one more request. Returns `false` when the server is draining.
+    func acquire() async -> Bool {
+        enum Decision { case admitted, refused, wait }
+        let decision: Decision = state.withLock { state in
+            if state.draining { return .refused }
+            if state.running < limit {
+                state.running += 1
+                return .admitted
+            }
+            return .wait
+        }
+        switch decision {
+        case .admitted: return true
+        case .refused: return false
+        case .wait:
+            return await withCheckedContinuation { continuation in
+                let answer: Bool? = state.withLock { state in
+                    if state.draining { return false }
+                    if state.running < limit {
+                        state.running += 1
+                        return true
+                    }
+                    state.admissions.append(continuation)
+                    return nil
+                }
+                if let answer { continuation.resume(returning: answer) }
             }
         }
-        logger.info("\(dispatcher.source) stopped taking requests at \(endpoint)")
+    }
+
+    /// One request has been answered.
+    func release() {
+        let (admitted, drained) = state.withLock { state -> (CheckedContinuation<Bool, Never>?, CheckedContinuation<Void, Never>?) in
+            if !state.draining, !state.admissions.isEmpty {
+                // The slot passes straight to the next waiting request.
+                return (state.admissions.removeFirst(), nil)
+            }
+            state.running -= 1
+            return (nil, takeDrained(&state))
+        }
+        admitted?.resume(returning: true)
+        drained?.resume()
+    }
+
+    /// Graceful shutdown has begun: admit nothing more.
+    func beginDraining() {
+        let (refused, drained) = state.withLock { state -> ([CheckedContinuation<Bool, Never>], CheckedContinuation<Void, Never>?) in
+            state.draining = true
+            let refused = state.admissions
+            state.admissions = []
+            return (refused, takeDrained(&state))
+        }
+        for admission in refused { admission.resume(returning: false) }
+        drained?.resume()
+    }
+
+    /// Returns once the server is draining and nothing is in flight, or the task is cancelled.
+    func waitUntilDrained() async {
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                let now = state.withLock { state -> Bool in
+                    if state.drainedSignalled || (state.draining && state.running == 0) {
+                        state.drainedSignalled = true
+                        return true
+                    }
+                    state.drained = continuation
+                    return false
+                }
+                if now { continuation.resume() }
+            }
+        } onCancel: {
+            let drained = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                state.drainedSignalled = true
+                defer { state.drained = nil }
+                return state.drained
+            }
+            drained?.resume()
+        }
+    }
+
+    private func takeDrained(_ state: inout State) -> CheckedContinuation<Void, Never>? {
+        guard state.draining, state.running == 0, !state.drainedSignalled, let drained = state.drained else { return nil }
+        state.drainedSignalled = true
+        state.drained = nil
+        return drained
     }
 }
