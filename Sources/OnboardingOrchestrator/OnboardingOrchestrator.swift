@@ -91,7 +91,6 @@ public struct OnboardingOrchestrator: Service {
             dispatcher: engine.dispatcher(sessions: sessions), logger: logger)
 
         try await withThrowingDiscardingTaskGroup { group in
-            group.addTask { try await server.run() }
             group.addTask { await engine.follow(authEvents) }
             group.addTask { await engine.follow(profileEvents) }
             group.addTask {
@@ -99,7 +98,9 @@ public struct OnboardingOrchestrator: Service {
                     for await job in work { workers.addTask { await job.run() } }
                 }
             }
-            try? await gracefulShutdown()
+            // Returns on graceful shutdown once every request in flight has been answered, with
+            // the event followers and the work queue still running to answer them.
+            try await server.run()
             workQueue.finish()
             group.cancelAll()
         }
@@ -270,9 +271,13 @@ final class Engine: Sendable {
     /// "Check me now": the same decision as after sign-in, also answered to the caller.
     func check(uid: String) async throws -> OnboardingStatus {
         let waiter = nextWaiter.wrappingAdd(1, ordering: .relaxed).newValue
-        let result = await withCheckedContinuation { continuation in
-            waiters.withLock { $0[waiter] = continuation }
-            send(.checkRequested(uid: uid, waiter: waiter))
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                waiters.withLock { $0[waiter] = continuation }
+                send(.checkRequested(uid: uid, waiter: waiter))
+            }
+        } onCancel: {
+            resume(waiter, with: .failure(ServiceError(.shuttingDown, "The orchestrator is stopping; ask again in a moment.")))
         }
         return try result.get()
     }

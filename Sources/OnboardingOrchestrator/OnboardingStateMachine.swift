@@ -74,6 +74,8 @@ public struct OnboardingStateMachine: Sendable {
         var attempt: Int
         var reason: RouteIntent.Reason
         var waiters: [WaiterID]
+        /// `false` while waiting out the backoff before the next attempt.
+        var inFlight = true
     }
 
     struct Person: Sendable, Hashable {
@@ -84,11 +86,15 @@ public struct OnboardingStateMachine: Sendable {
     }
 
     public var retryPolicy: RetryPolicy
+    /// How many people the machine keeps state for. Past it, people with nothing under way are
+    /// forgotten (what is known of their profile is asked again when needed).
+    public var capacity: Int
     private(set) var people: [String: Person] = [:]
     private var nextCheckID: CheckID = 0
 
-    public init(retryPolicy: RetryPolicy = RetryPolicy()) {
+    public init(retryPolicy: RetryPolicy = RetryPolicy(), capacity: Int = 100_000) {
         self.retryPolicy = retryPolicy
+        self.capacity = max(1, capacity)
     }
 
     /// What is known of `uid`'s profile.
@@ -100,6 +106,7 @@ public struct OnboardingStateMachine: Sendable {
     public var trackedPeople: Int { people.count }
 
     public mutating func handle(_ input: Input) -> [Action] {
+        defer { if people.count > capacity { forgetIdlePeople() } }
         switch input {
         case .signedIn(let uid, let isNewAccount):
             if isNewAccount, people[uid] == nil {
@@ -126,17 +133,17 @@ public struct OnboardingStateMachine: Sendable {
             let waiters = pending.waiters
             pending.waiters = []
             pending.attempt += 1
+            pending.inFlight = false
             person.check = pending
             people[uid] = person
-            let failure = ServiceError(
-                .dependencyUnavailable,
-                "The profile check failed (\(error.code)); it is being retried and the answer will arrive on your route topic.",
-                reason: "profile")
-            return waiters.map { .answerFailure(waiter: $0, failure) }
+            return waiters.map { .answerFailure(waiter: $0, Self.checkFailing) }
                 + [.retryCheck(uid: uid, check: check, delay: retryPolicy.delay(attempt: pending.attempt - 1), attempt: pending.attempt - 1, error: error)]
 
         case .checkRetryDue(let uid, let check):
-            guard let pending = people[uid]?.check, pending.id == check else { return [] }
+            guard var person = people[uid], var pending = person.check, pending.id == check else { return [] }
+            pending.inFlight = true
+            person.check = pending
+            people[uid] = person
             return [.checkProfile(uid: uid, check: check)]
 
         case .profileCreated(let uid):
@@ -200,13 +207,33 @@ public struct OnboardingStateMachine: Sendable {
         }
     }
 
+    /// What a caller is told while the profile store cannot be asked.
+    static let checkFailing = ServiceError(
+        .dependencyUnavailable,
+        "The profile store did not answer; the check is being retried and its answer will arrive on your route topic.",
+        reason: "profile")
+
+    /// Forgets people with nothing under way until a tenth of the capacity is free.
+    private mutating func forgetIdlePeople() {
+        let target = capacity - capacity / 10
+        for (uid, person) in people where person.check == nil && person.cleanup == nil {
+            people[uid] = nil
+            if people.count <= target { break }
+        }
+    }
+
     private mutating func startCheck(uid: String, reason: RouteIntent.Reason, waiter: WaiterID?) -> [Action] {
         var person = people[uid] ?? Person()
         if person.cleanup != nil {
             return waiter.map { [.answerFailure(waiter: $0, ServiceError(.unauthenticated, "This account has been withdrawn."))] } ?? []
         }
         if var pending = person.check {
-            // A check is already under way: its answer serves this request too.
+            if !pending.inFlight, let waiter {
+                // The store is failing and the next attempt waits out its backoff: say so now
+                // rather than keep the caller waiting; the answer will go out on the route topic.
+                return [.answerFailure(waiter: waiter, Self.checkFailing)]
+            }
+            // A check is under way: its answer serves this request too.
             if let waiter { pending.waiters.append(waiter) }
             pending.reason = reason
             person.check = pending

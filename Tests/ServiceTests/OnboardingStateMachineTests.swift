@@ -114,6 +114,34 @@ struct OnboardingStateMachineTests {
         if case .retryCheck? = actions.last {} else { Issue.record("expected a retry, got \(actions)") }
     }
 
+    @Test("check me now while a failed check waits out its backoff is told at once, not kept waiting")
+    func checkDuringBackoff() {
+        var machine = Machine()
+        let check = signIn(&machine)
+        _ = machine.handle(.profileCheckFailed(uid: uid, check: check, error: failure))
+        let actions = machine.handle(.checkRequested(uid: uid, waiter: 9))
+        guard case .answerFailure(9, let error)? = actions.first, actions.count == 1 else {
+            Issue.record("expected an immediate answer, got \(actions)")
+            return
+        }
+        #expect(error.code == .dependencyUnavailable)
+        // Once the retry is under way, a caller joins it again.
+        #expect(machine.handle(.checkRetryDue(uid: uid, check: check)) == [.checkProfile(uid: uid, check: check)])
+        #expect(machine.handle(.checkRequested(uid: uid, waiter: 10)).isEmpty)
+        #expect(machine.handle(.profileChecked(uid: uid, check: check, exists: true))
+            == [.answer(waiter: 10, OnboardingStatus(uid: uid, hasProfile: true, intent: nil))])
+    }
+
+    @Test("past its capacity the machine forgets people with nothing under way, never work in progress")
+    func boundedMemory() {
+        var machine = Machine(capacity: 10)
+        let busy = "busy-person"
+        _ = machine.handle(.signedIn(uid: busy, isNewAccount: false))
+        for index in 0..<100 { _ = machine.handle(.signedIn(uid: "new-\(index)", isNewAccount: true)) }
+        #expect(machine.trackedPeople <= 10)
+        #expect(machine.people[busy]?.check != nil, "a pending check is never forgotten")
+    }
+
     @Test("a created profile dismisses the set-up once, however often it is reported")
     func profileCreatedDismissesOnce() {
         var machine = Machine()

@@ -66,6 +66,35 @@ struct InProcessSystem {
 
 @Suite("The whole system in one process")
 struct InProcessSystemTests {
+    @Test("the orchestrator stops promptly on graceful shutdown while its checks keep failing")
+    func shutdownWhileChecksFail() async throws {
+        let bus = InProcessBus()
+        let e = SystemEndpoints.inProcess
+        var logger = Logger(label: "shutdown-test")
+        logger.logLevel = .critical
+        let auth = try AuthService(configuration: .init(rpc: e.authRPC, events: e.authEvents, databasePath: nil, devMode: true), bus: bus, logger: logger)
+        let orchestrator = OnboardingOrchestrator(
+            configuration: .init(
+                rpc: e.orchestratorRPC, routes: e.routes, authRPC: e.authRPC, authEvents: e.authEvents,
+                profileRPC: e.profileRPC, profileEvents: e.profileEvents, imageRPC: e.imageRPC,
+                callTimeout: .milliseconds(100), retryPolicy: RetryPolicy(initial: .seconds(30), maximum: .seconds(30))),
+            bus: bus, logger: logger)
+        let group = ServiceGroup(services: [auth, orchestrator], logger: logger)
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            tasks.addTask { try await group.run() }
+            try await bus.waitUntilAnswering(e.orchestratorRPC, source: "test")
+            let client = e.client(bus)
+            _ = try await client.signIn(provider: .google, subject: "stopping")
+            await expectCode(.dependencyUnavailable) { _ = try await client.checkNow() }
+            // A retry now waits 30 s; shutting down must not wait for it.
+            let clock = ContinuousClock()
+            let started = clock.now
+            await group.triggerGracefulShutdown()
+            try await tasks.waitForAll()
+            #expect(clock.now - started < .seconds(10))
+        }
+    }
+
     @Test("sign in, set up a profile, sign out, sign in again, withdraw")
     func journey() async throws {
         try await InProcessSystem().run { system in
@@ -138,7 +167,9 @@ struct InProcessSystemTests {
             let uid = try await client.signIn(provider: .google, subject: "patient").uid
             await tap.next { $0.uid == uid && $0.reason == .signedIn }
 
-            // "Check me now" must ask the profile side, which is down: nothing is decided.
+            // "Check me now" must ask the profile side, which is down: nothing is decided, and a
+            // second caller while the retry waits is told at once rather than left waiting.
+            await expectCode(.dependencyUnavailable) { _ = try await client.checkNow() }
             await expectCode(.dependencyUnavailable) { _ = try await client.checkNow() }
             #expect(!tap.intents(for: uid).contains { $0.reason == .checkRequested }, "nothing is decided on a guess")
 
