@@ -31,8 +31,14 @@ public struct MessageLimits: Sendable, Hashable {
 
     /// The hard cap a transport may enforce below the application limits (such as
     /// `ZMQ_MAXMSGSIZE`): anything larger is cut off rather than answered.
+    ///
+    /// The larger limit plus 1 MiB of slack, saturating: limits near `Int.max` give `Int.max`
+    /// (never a trap), and the result always fits the `int64_t` that `ZMQ_MAXMSGSIZE` takes.
     public var transportCap: Int {
-        max(maxEnvelopeBytes, maxAttachmentBytes) + 1024 * 1024
+        let largest = max(maxEnvelopeBytes, maxAttachmentBytes, 0)
+        let (sum, overflow) = largest.addingReportingOverflow(1024 * 1024)
+        let saturated = overflow ? Int.max : sum
+        return Int(clamping: Int64(clamping: saturated))
     }
 }
 

@@ -71,6 +71,9 @@ final class IOLoop: @unchecked Sendable {
     private var pollTargets: [PollTarget] = []
     private var pollDirty = true
     private var stopping = false
+    /// Servers whose stream has ended, kept open (unpolled) until `closeAt` so that the replies
+    /// already on the socket reach their callers before the connections go down.
+    private var retiring: [(socket: Socket, endpoint: Endpoint, closeAt: UInt64)] = []
 
     /// Reused for every received frame.
     private let scratch: UnsafeMutablePointer<zmq_msg_t>
@@ -97,11 +100,21 @@ final class IOLoop: @unchecked Sendable {
 
     // MARK: The loop
 
+    /// The most messages read from one socket in one pass of the loop. A socket with more waiting
+    /// is read again on the next pass, after the commands (replies among them) and every other
+    /// socket have had their turn, so a flood on one socket cannot starve the rest.
+    static let receiveBudget = 256
+
     func run() {
+        // Whether some socket was left with messages unread because it used up its budget. Then
+        // the next poll must not wait: it only collects what is ready and the loop carries on.
+        // (zmq_poll re-reads ZMQ_EVENTS of every socket before it waits, so it would come back
+        // at once anyway; this keeps the loop correct without leaning on that.)
+        var unread = false
         while !stopping {
             if pollDirty { rebuildPollItems() }
             let now = monotonicNanoseconds()
-            let timeout = pollTimeout(now: now)
+            let timeout = unread ? 0 : pollTimeout(now: now)
             let ready = pollItems.withUnsafeMutableBufferPointer { items in
                 zmq_poll(items.baseAddress, Int32(items.count), timeout)
             }
@@ -110,6 +123,7 @@ final class IOLoop: @unchecked Sendable {
                 if code != EINTR { logger.error("zmq_poll failed", metadata: ["error": "\(zmqErrorText(code))"]) }
                 continue
             }
+            unread = false
             if ready > 0 {
                 var wake = false
                 // Sockets first, commands last: a command may close a socket, and targets are
@@ -118,10 +132,12 @@ final class IOLoop: @unchecked Sendable {
                     let revents = Int32(pollItems[index].revents)
                     switch pollTargets[index] {
                     case .wake: wake = true
-                    case .subscriber(let id): drainSubscriber(id)
-                    case .server(let id): drainServer(id)
+                    case .subscriber(let id):
+                        if !drainSubscriber(id) { unread = true }
+                    case .server(let id):
+                        if !drainServer(id) { unread = true }
                     case .dealer(let endpoint):
-                        if revents & ZMQ_POLLIN != 0 { drainDealer(endpoint) }
+                        if revents & ZMQ_POLLIN != 0, !drainDealer(endpoint) { unread = true }
                         if revents & ZMQ_POLLOUT != 0 { flushBacklog(endpoint, now: monotonicNanoseconds()) }
                     }
                 }
@@ -129,7 +145,9 @@ final class IOLoop: @unchecked Sendable {
                     for command in queue.takeCommands() { perform(command) }
                 }
             }
-            expireDeadlines(now: monotonicNanoseconds())
+            let after = monotonicNanoseconds()
+            expireDeadlines(now: after)
+            retireServers(now: after)
         }
         tearDown()
     }
@@ -153,7 +171,8 @@ final class IOLoop: @unchecked Sendable {
 
     /// Milliseconds until the nearest deadline, or -1 (wait for an event) when there is none.
     private func pollTimeout(now: UInt64) -> Int {
-        guard let next = deadlines.first?.time else { return -1 }
+        let nextRetirement = retiring.lazy.map(\.closeAt).min()
+        guard let next = [deadlines.first?.time, nextRetirement].compactMap({ $0 }).min() else { return -1 }
         if next <= now { return 0 }
         return Int((next - now + 999_999) / 1_000_000)
     }
@@ -167,21 +186,28 @@ final class IOLoop: @unchecked Sendable {
         case .publish(let id, let message):
             publish(id: id, message: message)
         case .closePublisher(let id):
-            publishers.removeValue(forKey: id)?.socket.close()
+            if let publisher = publishers.removeValue(forKey: id) {
+                close(publisher.socket, linger: Self.flushLinger, what: "publisher at \(publisher.endpoint)")
+            }
         case .subscribe(let id, let endpoints, let topics, let limits, let events, let done):
             subscribe(id: id, endpoints: endpoints, topics: topics, limits: limits, events: events, done: done)
         case .closeSubscriber(let id):
             if let subscriber = subscribers.removeValue(forKey: id) {
-                subscriber.socket.close()
+                close(subscriber.socket, linger: 0, what: "subscriber")
                 subscriber.events.finish()
                 pollDirty = true
             }
         case .serve(let id, let endpoint, let limits, let requests, let done):
             serve(id: id, endpoint: endpoint, limits: limits, requests: requests, done: done)
         case .closeServer(let id):
+            // Replies handed over before the stream ended were queued before this command, so
+            // they are on the socket now. Closing it at once would cut the connections while
+            // libzmq may still be writing them (zmq_close's linger covers the socket's queues,
+            // not the last bytes in flight), so the socket stays open, unread, for a short
+            // grace, and then closes with a linger as well.
             if let server = servers.removeValue(forKey: id) {
-                server.socket.close()
                 server.requests.finish()
+                retiring.append((server.socket, server.endpoint, monotonicNanoseconds() + Self.retireGrace))
                 pollDirty = true
             }
         case .reply(let serverID, let route, let message):
@@ -201,30 +227,64 @@ final class IOLoop: @unchecked Sendable {
         }
     }
 
-    private func makeSocket(_ type: Int32) -> Socket? {
-        guard let handle = zmq_socket(context, type) else { return nil }
+    /// How long a closed server or publisher keeps sending what is already queued (replies,
+    /// events), in milliseconds. Short, because `zmq_ctx_term` at shutdown waits as long.
+    /// Requesting and subscribing sockets close with 0: nothing they queue is worth waiting for.
+    static let flushLinger: Int32 = 200
+
+    /// How long the socket of a server whose stream ended stays open before it is closed.
+    static let retireGrace: UInt64 = 100_000_000
+
+    private func retireServers(now: UInt64) {
+        guard retiring.contains(where: { $0.closeAt <= now }) else { return }
+        for server in retiring where server.closeAt <= now {
+            close(server.socket, linger: Self.flushLinger, what: "server at \(server.endpoint)")
+        }
+        retiring.removeAll { $0.closeAt <= now }
+    }
+
+    /// Creates a socket of `type` with linger 0, runs `configure` on it, and closes it again when
+    /// that throws.
+    private func openSocket(
+        _ type: Int32, configure: (Socket) throws(ServiceError) -> Void
+    ) throws(ServiceError) -> Socket {
+        guard let handle = zmq_socket(context, type) else {
+            throw ServiceError(.internalError, "Cannot create a ZeroMQ socket: \(zmqErrorText(zmq_errno())).")
+        }
         let socket = Socket(handle: handle)
-        socket.set(ZMQ_LINGER, Int32(0))
+        do {
+            try socket.set(ZMQ_LINGER, Int32(0))
+            try configure(socket)
+        } catch {
+            close(socket, linger: 0, what: "socket that failed to open")
+            throw error
+        }
         return socket
     }
 
-    private func socketCreationError() -> ServiceError {
-        ServiceError(.internalError, "Cannot create a ZeroMQ socket: \(zmqErrorText(zmq_errno())).")
+    /// Closes `socket` with `linger`; a failure to set the linger is logged, never silent.
+    private func close(_ socket: Socket, linger: Int32, what: String) {
+        do {
+            try socket.close(linger: linger)
+        } catch {
+            logger.error("Closing a ZeroMQ \(what): \(error.message)", metadata: ["error": "\(error)"])
+        }
     }
 
     // MARK: Events
 
     private func bindPublisher(id: UInt64, endpoint: Endpoint, done: CheckedContinuation<Void, any Error>) {
-        guard let socket = makeSocket(ZMQ_PUB) else { return done.resume(throwing: socketCreationError()) }
-        // Subscribers only send subscription messages (topic prefixes) to a PUB socket.
-        socket.set(ZMQ_MAXMSGSIZE, Int64(64 * 1024))
-        if zmq_bind(socket.handle, endpoint.rawValue) != 0 {
-            let error = endpointError(zmq_errno(), endpoint: endpoint, binding: true)
-            socket.close()
-            return done.resume(throwing: error)
+        do {
+            let socket = try openSocket(ZMQ_PUB) { socket throws(ServiceError) in
+                // Subscribers only send subscription messages (topic prefixes) to a PUB socket.
+                try socket.set(ZMQ_MAXMSGSIZE, Int64(64 * 1024))
+                try socket.bind(endpoint)
+            }
+            publishers[id] = Publisher(socket: socket, endpoint: endpoint)
+            done.resume()
+        } catch {
+            done.resume(throwing: error)
         }
-        publishers[id] = Publisher(socket: socket, endpoint: endpoint)
-        done.resume()
     }
 
     private func publish(id: UInt64, message: OutgoingMessage) {
@@ -241,31 +301,30 @@ final class IOLoop: @unchecked Sendable {
         id: UInt64, endpoints: [Endpoint], topics: [String], limits: MessageLimits,
         events: AsyncStream<Message>.Continuation, done: CheckedContinuation<Void, any Error>
     ) {
-        guard let socket = makeSocket(ZMQ_SUB) else {
+        do {
+            let socket = try openSocket(ZMQ_SUB) { socket throws(ServiceError) in
+                try socket.set(ZMQ_MAXMSGSIZE, Int64(limits.transportCap))
+                for topic in topics { try socket.subscribe(topic) }
+                for endpoint in endpoints { try socket.connect(endpoint) }
+            }
+            subscribers[id] = Subscriber(socket: socket, events: events)
+            pollDirty = true
+            done.resume()
+        } catch {
             events.finish()
-            return done.resume(throwing: socketCreationError())
+            done.resume(throwing: error)
         }
-        socket.set(ZMQ_MAXMSGSIZE, Int64(limits.transportCap))
-        for topic in topics { socket.subscribe(topic) }
-        for endpoint in endpoints where zmq_connect(socket.handle, endpoint.rawValue) != 0 {
-            let error = endpointError(zmq_errno(), endpoint: endpoint, binding: false)
-            socket.close()
-            events.finish()
-            return done.resume(throwing: error)
-        }
-        subscribers[id] = Subscriber(socket: socket, events: events)
-        pollDirty = true
-        done.resume()
     }
 
-    private func drainSubscriber(_ id: UInt64) {
-        guard let subscriber = subscribers[id] else { return }
-        while true {
+    /// Reads up to ``receiveBudget`` events. Returns `false` when it stopped with more waiting.
+    private func drainSubscriber(_ id: UInt64) -> Bool {
+        guard let subscriber = subscribers[id] else { return true }
+        for _ in 0..<Self.receiveBudget {
             switch subscriber.socket.receive(into: &frames, scratch: scratch) {
-            case .empty: return
+            case .empty: return true
             case .failed(let code):
                 logger.warning("Receiving an event failed", metadata: ["error": "\(zmqErrorText(code))"])
-                return
+                return true
             case .message:
                 guard frames.count == 2 || frames.count == 3,
                     let topic = String(validating: frames[0], as: UTF8.self),
@@ -279,6 +338,7 @@ final class IOLoop: @unchecked Sendable {
                 }
             }
         }
+        return false
     }
 
     // MARK: Serving
@@ -287,36 +347,41 @@ final class IOLoop: @unchecked Sendable {
         id: UInt64, endpoint: Endpoint, limits: MessageLimits,
         requests: AsyncStream<IncomingRequest>.Continuation, done: CheckedContinuation<Void, any Error>
     ) {
-        guard let socket = makeSocket(ZMQ_ROUTER) else {
-            requests.finish()
-            return done.resume(throwing: socketCreationError())
+        // A server retiring at this endpoint gives way to the new one now.
+        for server in retiring where server.endpoint == endpoint {
+            close(server.socket, linger: Self.flushLinger, what: "server at \(server.endpoint)")
         }
-        socket.set(ZMQ_MAXMSGSIZE, Int64(limits.transportCap))
-        socket.set(ZMQ_ROUTER_MANDATORY, Int32(1))
-        socket.set(ZMQ_SNDHWM, Int32(configuration.replyHighWaterMark))
-        if zmq_bind(socket.handle, endpoint.rawValue) != 0 {
-            let error = endpointError(zmq_errno(), endpoint: endpoint, binding: true)
-            socket.close()
+        retiring.removeAll { $0.endpoint == endpoint }
+        do {
+            let socket = try openSocket(ZMQ_ROUTER) { socket throws(ServiceError) in
+                try socket.set(ZMQ_MAXMSGSIZE, Int64(limits.transportCap))
+                try socket.set(ZMQ_ROUTER_MANDATORY, Int32(1))
+                try socket.set(ZMQ_SNDHWM, Int32(clamping: configuration.replyHighWaterMark))
+                try socket.bind(endpoint)
+            }
+            servers[id] = Server(socket: socket, endpoint: endpoint, limits: limits, requests: requests)
+            pollDirty = true
+            done.resume()
+        } catch {
             requests.finish()
-            return done.resume(throwing: error)
+            done.resume(throwing: error)
         }
-        servers[id] = Server(socket: socket, endpoint: endpoint, limits: limits, requests: requests)
-        pollDirty = true
-        done.resume()
     }
 
-    private func drainServer(_ id: UInt64) {
-        guard let server = servers[id] else { return }
-        while true {
+    /// Reads up to ``receiveBudget`` requests. Returns `false` when it stopped with more waiting.
+    private func drainServer(_ id: UInt64) -> Bool {
+        guard let server = servers[id] else { return true }
+        for _ in 0..<Self.receiveBudget {
             switch server.socket.receive(into: &frames, scratch: scratch) {
-            case .empty: return
+            case .empty: return true
             case .failed(let code):
                 logger.warning("Receiving a request failed", metadata: ["error": "\(zmqErrorText(code))"])
-                return
+                return true
             case .message:
                 handleRequest(frames, on: server, serverID: id)
             }
         }
+        return false
     }
 
     /// `frames` is [peer identity, routing frames..., empty delimiter, JSON, attachment?].
@@ -426,19 +491,18 @@ final class IOLoop: @unchecked Sendable {
     /// The DEALER for `endpoint`, created and connected on first use.
     private func dealer(for endpoint: Endpoint, failing waiter: ReplyWaiter) -> Socket? {
         if let dealer = dealers[endpoint] { return dealer.socket }
-        guard let socket = makeSocket(ZMQ_DEALER) else {
-            waiter.finish(.failure(socketCreationError()))
-            return nil
-        }
-        socket.set(ZMQ_IMMEDIATE, Int32(1))
-        // Unlimited queues: with ZMQ_IMMEDIATE, EAGAIN then means "no peer", never "queue full".
-        // Callers bound what is in flight, since each request is an awaiting task.
-        socket.set(ZMQ_SNDHWM, Int32(0))
-        socket.set(ZMQ_RCVHWM, Int32(0))
-        socket.set(ZMQ_MAXMSGSIZE, Int64(configuration.maxReplyFrameBytes))
-        if zmq_connect(socket.handle, endpoint.rawValue) != 0 {
-            let error = endpointError(zmq_errno(), endpoint: endpoint, binding: false)
-            socket.close()
+        let socket: Socket
+        do {
+            socket = try openSocket(ZMQ_DEALER) { socket throws(ServiceError) in
+                try socket.set(ZMQ_IMMEDIATE, Int32(1))
+                // Unlimited queues: with ZMQ_IMMEDIATE, EAGAIN then means "no peer", never "queue
+                // full". Callers bound what is in flight, since each request is an awaiting task.
+                try socket.set(ZMQ_SNDHWM, Int32(0))
+                try socket.set(ZMQ_RCVHWM, Int32(0))
+                try socket.set(ZMQ_MAXMSGSIZE, Int64(clamping: configuration.maxReplyFrameBytes))
+                try socket.connect(endpoint)
+            }
+        } catch {
             waiter.finish(.failure(error))
             return nil
         }
@@ -483,14 +547,15 @@ final class IOLoop: @unchecked Sendable {
     }
 
     /// Replies are [request id, empty, JSON, attachment?].
-    private func drainDealer(_ endpoint: Endpoint) {
-        guard let dealer = dealers[endpoint] else { return }
-        while true {
+    /// Reads up to ``receiveBudget`` replies. Returns `false` when it stopped with more waiting.
+    private func drainDealer(_ endpoint: Endpoint) -> Bool {
+        guard let dealer = dealers[endpoint] else { return true }
+        for _ in 0..<Self.receiveBudget {
             switch dealer.socket.receive(into: &frames, scratch: scratch) {
-            case .empty: return
+            case .empty: return true
             case .failed(let code):
                 logger.warning("Receiving a reply failed", metadata: ["error": "\(zmqErrorText(code))"])
-                return
+                return true
             case .message:
                 guard frames.count == 3 || frames.count == 4, frames[0].count == 8, frames[1].isEmpty else {
                     logger.debug("Unreadable reply dropped", metadata: ["endpoint": "\(endpoint)", "frames": "\(frames.count)"])
@@ -507,6 +572,7 @@ final class IOLoop: @unchecked Sendable {
                 }
             }
         }
+        return false
     }
 
     private func expireDeadlines(now: UInt64) {
@@ -538,10 +604,14 @@ final class IOLoop: @unchecked Sendable {
     // MARK: Shutdown
 
     private func tearDown() {
-        for publisher in publishers.values { publisher.socket.close() }
-        for subscriber in subscribers.values { subscriber.socket.close() }
-        for server in servers.values { server.socket.close() }
-        for dealer in dealers.values { dealer.socket.close() }
+        for publisher in publishers.values {
+            close(publisher.socket, linger: Self.flushLinger, what: "publisher at \(publisher.endpoint)")
+        }
+        for subscriber in subscribers.values { close(subscriber.socket, linger: 0, what: "subscriber") }
+        for server in servers.values { close(server.socket, linger: Self.flushLinger, what: "server at \(server.endpoint)") }
+        for server in retiring { close(server.socket, linger: Self.flushLinger, what: "server at \(server.endpoint)") }
+        retiring = []
+        for (endpoint, dealer) in dealers { close(dealer.socket, linger: 0, what: "requester for \(endpoint)") }
         let subscriberStreams = subscribers.values.map(\.events)
         let serverStreams = servers.values.map(\.requests)
         let waiters = pending.values.map(\.waiter)
@@ -555,7 +625,8 @@ final class IOLoop: @unchecked Sendable {
         }
         for stream in subscriberStreams { stream.finish() }
         for stream in serverStreams { stream.finish() }
-        // Every socket is closed with linger 0, so this returns at once.
+        // Servers and publishers linger at most `flushLinger` to send what is queued; the rest
+        // close with linger 0. So this returns within that bound.
         while zmq_ctx_term(context) != 0, zmq_errno() == EINTR {}
         queue.markTerminated()
     }

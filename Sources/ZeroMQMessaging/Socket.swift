@@ -22,25 +22,48 @@ struct Socket {
         case failed(Int32)
     }
 
-    func set(_ option: Int32, _ value: Int32) {
+    /// Sets an integer option.
+    ///
+    /// - Throws: ``ServiceError`` with `internalError`, naming the option and libzmq's reason.
+    func set(_ option: Int32, _ value: Int32) throws(ServiceError) {
         var value = value
         if zmq_setsockopt(handle, option, &value, MemoryLayout<Int32>.size) != 0 {
-            assertionFailure("zmq_setsockopt(\(option)) failed: \(zmqErrorText(zmq_errno()))")
+            throw optionError(option, zmq_errno())
         }
     }
 
-    func set(_ option: Int32, _ value: Int64) {
+    /// Sets a 64-bit integer option (such as `ZMQ_MAXMSGSIZE`).
+    func set(_ option: Int32, _ value: Int64) throws(ServiceError) {
         var value = value
         if zmq_setsockopt(handle, option, &value, MemoryLayout<Int64>.size) != 0 {
-            assertionFailure("zmq_setsockopt(\(option)) failed: \(zmqErrorText(zmq_errno()))")
+            throw optionError(option, zmq_errno())
         }
     }
 
-    func subscribe(_ prefix: String) {
+    /// Subscribes a SUB socket to the topics starting with `prefix`.
+    func subscribe(_ prefix: String) throws(ServiceError) {
         var prefix = prefix
-        prefix.withUTF8 { bytes in
-            _ = zmq_setsockopt(handle, ZMQ_SUBSCRIBE, bytes.baseAddress, bytes.count)
+        let rc = prefix.withUTF8 { bytes in
+            zmq_setsockopt(handle, ZMQ_SUBSCRIBE, bytes.baseAddress, bytes.count)
         }
+        if rc != 0 { throw optionError(ZMQ_SUBSCRIBE, zmq_errno()) }
+    }
+
+    func bind(_ endpoint: Endpoint) throws(ServiceError) {
+        if zmq_bind(handle, endpoint.rawValue) != 0 {
+            throw endpointError(zmq_errno(), endpoint: endpoint, binding: true)
+        }
+    }
+
+    func connect(_ endpoint: Endpoint) throws(ServiceError) {
+        if zmq_connect(handle, endpoint.rawValue) != 0 {
+            throw endpointError(zmq_errno(), endpoint: endpoint, binding: false)
+        }
+    }
+
+    private func optionError(_ option: Int32, _ code: Int32) -> ServiceError {
+        ServiceError(
+            .internalError, "Cannot set \(socketOptionName(option)) on a ZeroMQ socket: \(zmqErrorText(code)).")
     }
 
     /// Sends one frame without blocking.
@@ -91,9 +114,16 @@ struct Socket {
         }
     }
 
-    func close() {
-        set(ZMQ_LINGER, Int32(0))
+    /// Sets `ZMQ_LINGER` to `linger` milliseconds, then closes the socket (always, even when
+    /// setting the linger failed; that failure is thrown afterwards for the caller to log).
+    ///
+    /// With a linger above 0, messages already queued (replies, events) keep being sent for up
+    /// to that long in libzmq's own threads, and `zmq_ctx_term` waits for them as long.
+    func close(linger: Int32) throws(ServiceError) {
+        var failure: ServiceError?
+        do { try set(ZMQ_LINGER, linger) } catch { failure = error }
         zmq_close(handle)
+        if let failure { throw failure }
     }
 
     private static func failure() -> SendResult {
@@ -104,6 +134,20 @@ struct Socket {
 
 func zmqErrorText(_ code: Int32) -> String {
     String(cString: zmq_strerror(code))
+}
+
+/// The name of a socket option this bus sets, for error messages.
+func socketOptionName(_ option: Int32) -> String {
+    switch option {
+    case ZMQ_LINGER: "ZMQ_LINGER"
+    case ZMQ_MAXMSGSIZE: "ZMQ_MAXMSGSIZE"
+    case ZMQ_ROUTER_MANDATORY: "ZMQ_ROUTER_MANDATORY"
+    case ZMQ_SNDHWM: "ZMQ_SNDHWM"
+    case ZMQ_RCVHWM: "ZMQ_RCVHWM"
+    case ZMQ_IMMEDIATE: "ZMQ_IMMEDIATE"
+    case ZMQ_SUBSCRIBE: "ZMQ_SUBSCRIBE"
+    default: "socket option \(option)"
+    }
 }
 
 /// The ``ServiceError`` for a failed `zmq_bind` or `zmq_connect`.

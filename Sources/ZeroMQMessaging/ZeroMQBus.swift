@@ -102,6 +102,25 @@ public final class ZeroMQBus: MessageBus, Service {
 
     // MARK: Requests
 
+    /// Binds a ROUTER at `endpoint` and returns the requests that arrive.
+    ///
+    /// The server is unbound when the stream ends: its consumer task is cancelled, or the stream
+    /// and every iterator of it are dropped. What happens around that moment:
+    ///
+    /// - Replies given before the stream ended are sent: they were queued for the I/O thread
+    ///   before the command that closes the socket, and the socket lingers up to 200 ms to
+    ///   finish sending them.
+    /// - A request that arrives after the consumer stopped calling `next()` but while the stream
+    ///   is still alive is buffered in the stream, unanswered (up to ``MessageLimits/queueLimit``;
+    ///   beyond that the bus answers `overloaded`). Whoever holds the stream can still take such
+    ///   requests out and answer them (for example with an error while draining). Requests still
+    ///   buffered when the stream ends can no longer be answered; their callers get `timeout`.
+    /// - Replies given after the stream ended, and requests that reach the socket after it
+    ///   ended but before it is closed, are dropped (logged at debug); those callers get
+    ///   `timeout`. Later requests get `noResponder`.
+    ///
+    /// - Throws: ``ServiceError`` with `addressInUse`, `invalidEndpoint`, `internalError` (a
+    ///   socket could not be created or configured) or `closed`.
     public func serve(at endpoint: Endpoint, limits: MessageLimits) async throws -> AsyncStream<IncomingRequest> {
         let id = queue.makeID()
         let (stream, requests) = AsyncStream.makeStream(

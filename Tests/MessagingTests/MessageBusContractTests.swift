@@ -221,6 +221,70 @@ struct MessageBusContractTests {
         }
     }
 
+    /// The replies are handed over, then the stream ends at once (the task that owned it
+    /// returns). On ZeroMQ the close of the ROUTER is queued right behind the replies; they must
+    /// still reach every caller before the connections go down.
+    @Test("replies given just before a server stops are all delivered", arguments: BusKind.allCases)
+    func repliesBeforeUnbind(kind: BusKind) async throws {
+        try await withHarness(kind) { buses in
+            let count = 64
+            let attachment = Data(repeating: 0xAB, count: 16 * 1024)
+            let limits = MessageLimits(maxAttachmentBytes: attachment.count)
+            let (endpoints, endpointSink) = AsyncStream.makeStream(of: Endpoint.self)
+            let server = Task {
+                // The stream lives only in this task: when the task returns, it ends.
+                let (endpoint, requests) = try await buses.bindServer(limits: limits)
+                endpointSink.yield(endpoint)
+                var received: [IncomingRequest] = []
+                for await request in requests {
+                    received.append(request)
+                    if received.count == count { break }
+                }
+                for request in received { await echoHandler(request) }
+                // Only now may the stream end (Swift may otherwise release it after its last use).
+                withExtendedLifetime(requests) {}
+                return received.count
+            }
+            var endpointIterator = endpoints.makeAsyncIterator()
+            let endpoint = try #require(await endpointIterator.next())
+            let client = buses.client
+            try await withThrowingTaskGroup(of: (Int, Int?).self) { group in
+                for number in 0..<count {
+                    group.addTask {
+                        let request = try echoRequest("n", number: number, attachment: attachment)
+                        let reply = try await client.request(request, to: endpoint, timeout: .seconds(20))
+                        #expect(reply.attachment == attachment)
+                        return (number, try reply.payload(as: Echo.self).number)
+                    }
+                }
+                var answered = 0
+                for try await (sent, received) in group {
+                    #expect(sent == received)
+                    answered += 1
+                }
+                #expect(answered == count)
+            }
+            #expect(try await server.value == count)
+        }
+    }
+
+    @Test("limits near Int.max are accepted and do not trap", arguments: BusKind.allCases)
+    func hugeLimits(kind: BusKind) async throws {
+        try await withHarness(kind) { buses in
+            let limits = MessageLimits(maxEnvelopeBytes: .max, maxAttachmentBytes: .max, queueLimit: 16)
+            let (endpoint, _) = try await buses.startServer(limits: limits, handler: echoHandler)
+            let reply = try await buses.client.request(
+                try echoRequest("big limits", attachment: Data([7])), to: endpoint, timeout: .seconds(5))
+            #expect(reply.attachment == Data([7]))
+
+            let publisher = try await buses.bindPublisher()
+            let stream = try await buses.client.subscribe(to: [publisher.endpoint], topics: ["user."], limits: limits)
+            var events = stream.makeAsyncIterator()
+            try await waitUntilJoined(&events, publishers: [publisher], probeTopic: "user.probe")
+            publisher.close()
+        }
+    }
+
     // MARK: Events
 
     @Test("a subscriber gets the events of every endpoint whose topic matches a prefix", arguments: BusKind.allCases)

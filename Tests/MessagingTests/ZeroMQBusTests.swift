@@ -2,6 +2,7 @@ import CZeroMQ
 import Foundation
 import Logging
 import Messaging
+import Synchronization
 import Testing
 import ZeroMQMessaging
 
@@ -79,6 +80,65 @@ struct ZeroMQBusTests {
         #expect(await serviceError { try await bus.publisher(at: Endpoints.fresh()) }?.code == .closed)
     }
 
+    @Test("a socket option libzmq refuses fails the bind with an error naming the option")
+    func refusedOption() async throws {
+        var configuration = ZeroMQBus.Configuration()
+        configuration.replyHighWaterMark = -1  // ZMQ_SNDHWM must not be negative
+        let bus = ZeroMQBus(source: "bus", logger: Logger(label: "test"), configuration: configuration)
+        let error = await serviceError { try await bus.serve(at: Endpoints.fresh(), limits: MessageLimits()) }
+        #expect(error?.code == .internalError)
+        #expect(error?.message.contains("ZMQ_SNDHWM") == true)
+        // The bus is still usable, and the endpoint was not left bound.
+        let publisher = try await bindRetrying { try await bus.publisher(at: $0) }.1
+        publisher.close()
+        await bus.shutdown()
+    }
+
+    @Test("a reply high-water mark beyond Int32 is clamped, not a crash")
+    func hugeHighWaterMark() async throws {
+        var configuration = ZeroMQBus.Configuration()
+        configuration.replyHighWaterMark = .max
+        configuration.maxReplyFrameBytes = .max
+        let logger = Logger(label: "test")
+        let server = ZeroMQBus(source: "bus", logger: logger, configuration: configuration)
+        let client = ZeroMQBus(source: "client", logger: logger, configuration: configuration)
+        let (endpoint, requests) = try await bindRetrying { try await server.serve(at: $0, limits: MessageLimits()) }
+        let serving = Task { for await request in requests { await echoHandler(request) } }
+        let reply = try await client.request(try echoRequest("hwm"), to: endpoint, timeout: .seconds(5))
+        #expect(try reply.payload(as: Echo.self).text == "hwm")
+        serving.cancel()
+        await client.shutdown()
+        await server.shutdown()
+    }
+
+    /// A raw DEALER keeps flooding one server while the bus's own client calls a second server
+    /// on the same bus (same I/O thread): the second server's calls must keep being answered.
+    @Test("a flood of requests on one server does not stall another server on the same bus")
+    func floodDoesNotStarve() async throws {
+        try await withHarness(.zeroMQ) { buses in
+            let flooded = Atomic<Int>(0)
+            let (floodEndpoint, _) = try await buses.startServer(limits: MessageLimits(queueLimit: 100_000)) { request in
+                flooded.add(1, ordering: .relaxed)
+                await echoHandler(request)
+            }
+            let (quietEndpoint, _) = try await buses.startServer(handler: echoHandler)
+            let stop = StopFlag()
+            let sent = await startFlood(to: floodEndpoint, body: try echoRequest("flood").body, limit: 1_000_000, stop: stop)
+            defer { stop.set() }
+            // The flood is under way before the calls start.
+            await eventually(within: .seconds(20)) { flooded.load(ordering: .relaxed) > 1000 }
+            for number in 0..<20 {
+                let reply = try await buses.client.request(
+                    try echoRequest("quiet", number: number), to: quietEndpoint, timeout: .seconds(10))
+                #expect(try reply.payload(as: Echo.self).number == number)
+            }
+            stop.set()
+            let total = await sent.value
+            #expect(total > 0)
+            #expect(flooded.load(ordering: .relaxed) == total)
+        }
+    }
+
     @Test("an endpoint that is not one gives invalidEndpoint", arguments: ["nonsense", "bogus://x", "tcp://127.0.0.1"])
     func invalidEndpoint(endpoint: String) async throws {
         try await withHarness(.zeroMQ) { buses in
@@ -128,4 +188,68 @@ private func rawExchangeBlocking(_ type: Int32, endpoint: String, frames: [Data]
         reply.append(size == 0 ? Data() : Data(bytes: zmq_msg_data(message), count: size))
     } while zmq_msg_more(message) != 0
     return reply
+}
+
+/// A flag one thread sets and another polls.
+final class StopFlag: Sendable {
+    private let value = Atomic(false)
+    func set() { value.store(true, ordering: .relaxed) }
+    var isSet: Bool { value.load(ordering: .relaxed) }
+}
+
+/// Sends `body` as requests ([empty, body]) from a raw DEALER on its own thread and context until
+/// `stop` is set or `limit` are sent, reading the replies as they come. Returns once the socket
+/// is connected; the task's value is how many were sent and answered, once all replies are in
+/// (or minus the replies received, when some never came).
+func startFlood(to endpoint: Endpoint, body: Data, limit: Int, stop: StopFlag) async -> Task<Int, Never> {
+    let (started, startedSink) = AsyncStream.makeStream(of: Void.self)
+    let (finished, finishedSink) = AsyncStream.makeStream(of: Int.self)
+    let thread = Thread {
+        finishedSink.yield(floodBlocking(endpoint.rawValue, body: body, limit: limit, stop: stop) { startedSink.finish() })
+        finishedSink.finish()
+    }
+    thread.start()
+    for await _ in started {}
+    return Task {
+        var iterator = finished.makeAsyncIterator()
+        return await iterator.next() ?? 0
+    }
+}
+
+private func floodBlocking(_ endpoint: String, body: Data, limit: Int, stop: StopFlag, started: () -> Void) -> Int {
+    defer { started() }
+    guard let context = zmq_ctx_new() else { return 0 }
+    defer { zmq_ctx_term(context) }
+    guard let socket = zmq_socket(context, ZMQ_DEALER) else { return 0 }
+    defer { zmq_close(socket) }
+    var linger: Int32 = 0
+    zmq_setsockopt(socket, ZMQ_LINGER, &linger, MemoryLayout<Int32>.size)
+    guard zmq_connect(socket, endpoint) == 0 else { return 0 }
+    started()
+    var sent = 0
+    var replies = 0
+    var buffer = [UInt8](repeating: 0, count: 4096)
+    // Send whenever the socket takes more, read replies as they come (a caller that pipelines).
+    while !(stop.isSet || sent >= limit) || replies < sent {
+        let wantOut = !(stop.isSet || sent >= limit)
+        var item = zmq_pollitem_t(
+            socket: socket, fd: 0, events: Int16(ZMQ_POLLIN | (wantOut ? ZMQ_POLLOUT : 0)), revents: 0)
+        guard zmq_poll(&item, 1, 5000) > 0 else { break }  // 5 s of silence: give up
+        if Int32(item.revents) & ZMQ_POLLIN != 0 {
+            while zmq_recv(socket, &buffer, buffer.count, ZMQ_DONTWAIT) >= 0 {
+                var more: Int32 = 0
+                var size = MemoryLayout<Int32>.size
+                zmq_getsockopt(socket, ZMQ_RCVMORE, &more, &size)
+                if more == 0 { replies += 1 }
+            }
+        }
+        if wantOut, Int32(item.revents) & ZMQ_POLLOUT != 0 {
+            for _ in 0..<100 where sent < limit {
+                guard zmq_send(socket, nil, 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 else { break }
+                _ = body.withUnsafeBytes { zmq_send(socket, $0.baseAddress, $0.count, 0) }
+                sent += 1
+            }
+        }
+    }
+    return replies == sent ? sent : -replies
 }
