@@ -22,6 +22,25 @@ enum SampleBytes {
     static let pdf: [UInt8] = ascii("%PDF-1.7\n%\u{e2}\u{e3}")
     static let wave: [UInt8] = ascii("RIFF") + [0x24, 0, 0, 0] + ascii("WAVEfmt ")
     static let text: [UInt8] = ascii("hello, this is not an image")
+    /// An `ftyp` box declared 12 bytes long (too short to hold a minor version), with `heic`
+    /// in the bytes after it.
+    static let ftypTooShortWithHEICAfter: [UInt8] = [0x00, 0x00, 0x00, 0x0C] + ascii("ftypisom") + [0, 0, 0, 0]
+        + ascii("heicheic")
+    /// A valid `isom` box of 20 bytes, followed by bytes that spell `heic`.
+    static let isomWithHEICAfterTheBox: [UInt8] = [0x00, 0x00, 0x00, 0x14] + ascii("ftypisom") + [0, 0, 0, 0]
+        + ascii("isom") + ascii("heic")
+    static let heicBoxLargerThanTheBytes: [UInt8] = [0x00, 0x00, 0x00, 0x40] + ascii("ftypheic") + [0, 0, 0, 0]
+        + ascii("mif1heic")
+    static let heicBoxWithPartialBrand: [UInt8] = [0x00, 0x00, 0x00, 0x1A] + ascii("ftypheic") + [0, 0, 0, 0]
+        + ascii("mif1heic") + [0, 0]
+    static let heicBoxToEndOfFile: [UInt8] = [0x00, 0x00, 0x00, 0x00] + ascii("ftypheic") + [0, 0, 0, 0]
+        + ascii("mif1heic")
+    static let heicWithLargeSize: [UInt8] = [0x00, 0x00, 0x00, 0x01] + ascii("ftyp") + [0, 0, 0, 0, 0, 0, 0, 0x20]
+        + ascii("heic") + [0, 0, 0, 0] + ascii("mif1heic")
+    static let heicWithHugeLargeSize: [UInt8] = [0x00, 0x00, 0x00, 0x01] + ascii("ftyp")
+        + [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF] + ascii("heic") + [0, 0, 0, 0] + ascii("mif1heic")
+    static let mif1WithAVIF: [UInt8] = [0x00, 0x00, 0x00, 0x18] + ascii("ftypmif1") + [0, 0, 0, 0] + ascii("mif1avif")
+
 
     static func image(_ kind: ImageKind) -> [UInt8] {
         switch kind {
@@ -57,6 +76,14 @@ struct ImageUploadSnifferTests {
         SniffCase(name: "truncated PNG signature", bytes: Array(SampleBytes.png.prefix(4)), expected: nil),
         SniffCase(name: "truncated WebP header", bytes: Array(SampleBytes.webp.prefix(10)), expected: nil),
         SniffCase(name: "nothing", bytes: [], expected: nil),
+        SniffCase(name: "ftyp of size 12 with heic after the box", bytes: SampleBytes.ftypTooShortWithHEICAfter, expected: nil),
+        SniffCase(name: "isom box with heic after the box", bytes: SampleBytes.isomWithHEICAfterTheBox, expected: nil),
+        SniffCase(name: "heic box larger than the bytes", bytes: SampleBytes.heicBoxLargerThanTheBytes, expected: nil),
+        SniffCase(name: "heic box ending in a partial brand", bytes: SampleBytes.heicBoxWithPartialBrand, expected: nil),
+        SniffCase(name: "heic box running to the end of the file", bytes: SampleBytes.heicBoxToEndOfFile, expected: nil),
+        SniffCase(name: "heic box with a 64-bit size", bytes: SampleBytes.heicWithLargeSize, expected: .heic),
+        SniffCase(name: "heic box with a 64-bit size past the bytes", bytes: SampleBytes.heicWithHugeLargeSize, expected: nil),
+        SniffCase(name: "mif1 with an avif brand", bytes: SampleBytes.mif1WithAVIF, expected: nil),
     ]
 
     @Test("an image's kind comes from its bytes", arguments: cases)
