@@ -24,8 +24,11 @@ public struct ImageUploadService: Service {
         public var rpc: Endpoint
         /// The images root; each person's images are in a folder named after their uid.
         public var directory: String
-        /// The largest image accepted, in bytes.
+        /// The largest image accepted, in bytes: from 1 to ``maxImageBytesCeiling``.
         public var maxImageBytes: Int
+
+        /// The highest ``maxImageBytes`` the service accepts: 1 GiB.
+        public static let maxImageBytesCeiling = 1 << 30
 
         public init(rpc: Endpoint = Defaults.imageRPC, directory: String, maxImageBytes: Int = Defaults.maxImageBytes) {
             self.rpc = rpc
@@ -35,7 +38,8 @@ public struct ImageUploadService: Service {
 
         /// What the endpoint accepts: a small envelope, and attachments up to twice the image
         /// limit, so that an image somewhat over the limit gets the typed `imageRejected`
-        /// (`tooLarge`) rather than the bus's `messageTooLarge`.
+        /// (`tooLarge`) rather than the bus's `messageTooLarge`. Saturates at `Int.max` rather
+        /// than overflowing.
         public var limits: MessageLimits {
             let (doubled, overflow) = maxImageBytes.multipliedReportingOverflow(by: 2)
             return MessageLimits(maxEnvelopeBytes: 64 * 1024, maxAttachmentBytes: overflow ? .max : doubled)
@@ -47,14 +51,17 @@ public struct ImageUploadService: Service {
     private let logger: Logger
 
     /// - Throws: ``ServiceError`` `invalidRequest` when the directory is empty or the image
-    ///   limit is not positive.
+    ///   limit is not from 1 byte to ``Configuration/maxImageBytesCeiling`` (1 GiB).
     public init(configuration: Configuration, bus: any MessageBus, logger: Logger) throws {
         guard !configuration.directory.isEmpty else {
             throw ServiceError(.invalidRequest, "image-upload's images directory is empty; give a folder path.")
         }
-        guard configuration.maxImageBytes > 0 else {
+        let ceiling = Configuration.maxImageBytesCeiling
+        guard (1...ceiling).contains(configuration.maxImageBytes) else {
             throw ServiceError(
-                .invalidRequest, "image-upload's image limit is \(configuration.maxImageBytes) bytes; it must be positive.")
+                .invalidRequest,
+                "image-upload's image limit (maxImageBytes) is \(configuration.maxImageBytes) bytes; "
+                    + "it must be from 1 to \(ceiling) bytes (1 GiB).")
         }
         self.configuration = configuration
         self.bus = bus

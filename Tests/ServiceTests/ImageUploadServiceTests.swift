@@ -277,4 +277,33 @@ struct ImageUploadServiceTests {
             #expect(try await deleteAll().deleted == 0)
         }
     }
+
+    // MARK: Configuration
+
+    @Test(
+        "an image limit that is not from 1 byte to 1 GiB is refused, naming the limit",
+        arguments: [0, -1, Int.min, ImageUploadService.Configuration.maxImageBytesCeiling + 1, Int.max])
+    func invalidImageLimit(maxImageBytes: Int) throws {
+        let configuration = ImageUploadService.Configuration(directory: "/tmp/unused", maxImageBytes: maxImageBytes)
+        let error = #expect(throws: ServiceError.self) {
+            try ImageUploadService(configuration: configuration, bus: bus, logger: quietLogger)
+        }
+        #expect(error?.code == .invalidRequest)
+        #expect(error?.message.contains("maxImageBytes") == true, "\(String(describing: error))")
+        #expect(error?.message.contains("\(maxImageBytes)") == true, "\(String(describing: error))")
+        #expect(error?.message.contains("1073741824") == true, "\(String(describing: error))")
+    }
+
+    @Test("image limits of 1 byte and of 1 GiB are accepted", arguments: [1, 1 << 30])
+    func validImageLimit(maxImageBytes: Int) throws {
+        let configuration = ImageUploadService.Configuration(directory: "/tmp/unused", maxImageBytes: maxImageBytes)
+        #expect(throws: Never.self) { try ImageUploadService(configuration: configuration, bus: bus, logger: quietLogger) }
+        #expect(configuration.limits.maxAttachmentBytes == maxImageBytes * 2)
+    }
+
+    @Test("the attachment limit saturates instead of overflowing")
+    func attachmentLimitSaturates() {
+        let configuration = ImageUploadService.Configuration(directory: "/tmp/unused", maxImageBytes: .max)
+        #expect(configuration.limits.maxAttachmentBytes == .max)
+    }
 }
