@@ -16,8 +16,8 @@ import ServiceRuntime
 /// - `image.deleteAll`: every image of the person.
 ///
 /// Thread safety: a value type; ``run()`` is called once, from a `ServiceGroup` or a test task.
-/// File writes and deletes block the handling task briefly (images are at most a few MiB); they
-/// all go through one internal funnel so they can move to a dedicated thread later.
+/// Handlers never block the cooperative thread pool: all file I/O runs on one serial queue
+/// owned by the image storage, and handlers suspend until it is done.
 public struct ImageUploadService: Service {
     public struct Configuration: Sendable {
         /// Where requests are answered.
@@ -75,7 +75,7 @@ public struct ImageUploadService: Service {
     ///   the bus's error (such as `addressInUse`) when the endpoint cannot be bound.
     public func run() async throws {
         let storage = ImageStorage(root: configuration.directory)
-        try storage.prepare()
+        try await storage.prepare()
         logger.info("image-upload keeps images in \(configuration.directory)")
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc, limits: configuration.limits,
@@ -90,7 +90,7 @@ public struct ImageUploadService: Service {
             let uid = try safeUID(context)
             let bytes = context.attachment ?? Data()
             let kind = try judge(bytes, maxImageBytes: maxImageBytes)
-            let path = try storage.store(bytes, kind: kind, uid: uid)
+            let path = try await storage.store(bytes, kind: kind, uid: uid)
             logger.info("stored image", metadata: ["uid": "\(uid)", "path": "\(path)", "bytes": "\(bytes.count)"])
             return StoredImage(path: path, kind: kind, bytes: bytes.count)
         }
@@ -101,7 +101,7 @@ public struct ImageUploadService: Service {
                     .invalidRequest,
                     "Field 'path' must be exactly '<uid>/<file>' as image.upload returned it, for the envelope's uid.")
             }
-            guard try storage.delete(uid: uid, file: file) else {
+            guard try await storage.delete(uid: uid, file: file) else {
                 throw ServiceError(.imageNotFound, "There is no image \(request.path).")
             }
             logger.info("deleted image", metadata: ["uid": "\(uid)", "path": "\(request.path)"])
@@ -109,7 +109,7 @@ public struct ImageUploadService: Service {
         }
         dispatcher.on(DeleteAllImages.self, access: .service) { _, context in
             let uid = try safeUID(context)
-            let deleted = try storage.deleteAll(uid: uid)
+            let deleted = try await storage.deleteAll(uid: uid)
             logger.info("deleted all images", metadata: ["uid": "\(uid)", "count": "\(deleted)"])
             return DeletedImages(deleted: deleted)
         }
