@@ -59,7 +59,7 @@ final class ImageStorage: Sendable {
         return "\(uid)/\(file)"
     }
 
-    /// Deletes one image of `uid`.
+    /// Deletes one image of `uid`, and `uid`'s folder when that was the last thing in it.
     ///
     /// - Returns: `false` when there was no such image.
     func delete(uid: String, file: String) async throws(ServiceError) -> Bool {
@@ -69,6 +69,9 @@ final class ImageStorage: Sendable {
                 if errno == ENOENT { return false }
                 throw POSIXFailure(call: "unlink", code: errno)
             }
+            // The image is gone whatever happens next; a folder that cannot be removed is left
+            // behind rather than reported as a failed delete.
+            try? Self.removeFolderIfEmpty(folder)
             return true
         }
     }
@@ -101,6 +104,14 @@ final class ImageStorage: Sendable {
             }
         } catch {
             throw ServiceError(.storeUnavailable, "The image store failed while \(what) (\(error)). Try again.")
+        }
+    }
+
+    /// Removes `folder` when it is empty; does nothing when it holds anything or is gone.
+    private static func removeFolderIfEmpty(_ folder: String) throws {
+        guard rmdir(folder) == 0 else {
+            if [ENOTEMPTY, EEXIST, ENOENT].contains(errno) { return }
+            throw POSIXFailure(call: "rmdir", code: errno)
         }
     }
 

@@ -278,6 +278,20 @@ struct ImageUploadServiceTests {
         }
     }
 
+    @Test("deleting a person's last image removes their folder")
+    func deleteLastImageRemovesFolder() async throws {
+        try await withImages { directory in
+            let first = try await upload(SampleBytes.png)
+            let second = try await upload(SampleBytes.jpeg)
+            #expect(try await delete(first.path).deleted == 1)
+            #expect(contents(of: "\(directory)/\(uid)") == [String(second.path.dropFirst(uid.count + 1))])
+            #expect(try await delete(second.path).deleted == 1)
+            #expect(contents(of: directory).isEmpty)
+            let again = try await upload(SampleBytes.webp)
+            #expect(FileManager.default.fileExists(atPath: "\(directory)/\(again.path)"))
+        }
+    }
+
     // MARK: Configuration
 
     @Test(
