@@ -28,11 +28,27 @@ final class ImageStorage: Sendable {
         self.queue = DispatchQueue(label: "image-upload.storage", qos: .utility)
     }
 
-    /// Creates the images root if it does not exist.
-    func prepare() async throws(ServiceError) {
+    /// Creates the images root if it does not exist, and clears what a crash left behind:
+    /// temporary upload files (`.upload-*.tmp`, never valid images) in each person's folder, and
+    /// person folders that are then empty.
+    ///
+    /// - Returns: how many temporary upload files were removed.
+    func prepare() async throws(ServiceError) -> Int {
         let root = self.root
-        try await io("creating the images folder") {
+        return try await io("preparing the images folder") {
             try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
+            var removed = 0
+            for uid in try FileManager.default.contentsOfDirectory(atPath: root) where ImagePaths.isSafeUID(uid) {
+                let folder = "\(root)/\(uid)"
+                guard Self.isDirectory(folder) else { continue }
+                for name in try FileManager.default.contentsOfDirectory(atPath: folder)
+                where ImagePaths.isTemporaryFileName(name) && Self.isRegularFile("\(folder)/\(name)") {
+                    try Self.posix("unlink") { unlink("\(folder)/\(name)") }
+                    removed += 1
+                }
+                try Self.removeFolderIfEmpty(folder)
+            }
+            return removed
         }
     }
 
@@ -69,8 +85,8 @@ final class ImageStorage: Sendable {
                 if errno == ENOENT { return false }
                 throw POSIXFailure(call: "unlink", code: errno)
             }
-            // The image is gone whatever happens next; a folder that cannot be removed is left
-            // behind rather than reported as a failed delete.
+            // The image is gone whatever happens next; a folder that cannot be removed is
+            // left for the next start-up's sweep rather than reported as a failed delete.
             try? Self.removeFolderIfEmpty(folder)
             return true
         }
@@ -113,6 +129,17 @@ final class ImageStorage: Sendable {
             if [ENOTEMPTY, EEXIST, ENOENT].contains(errno) { return }
             throw POSIXFailure(call: "rmdir", code: errno)
         }
+    }
+
+    private static func isDirectory(_ path: String) -> Bool { fileType(path) == S_IFDIR }
+
+    private static func isRegularFile(_ path: String) -> Bool { fileType(path) == S_IFREG }
+
+    /// The type bits of `path` itself (a symbolic link is not followed), or `nil` when it is gone.
+    private static func fileType(_ path: String) -> mode_t? {
+        var status = stat()
+        guard lstat(path, &status) == 0 else { return nil }
+        return status.st_mode & S_IFMT
     }
 
     private static func writeAndSync(_ bytes: Data, to path: String) throws {
@@ -164,6 +191,12 @@ enum ImagePaths {
     /// A new temporary file name for an upload in progress: `.upload-<lowercase UUID>.tmp`.
     static func newTemporaryFileName() -> String {
         ".upload-\(UUID().uuidString.lowercased()).tmp"
+    }
+
+    /// Whether `name` is a temporary upload file (`.upload-*.tmp`); such a file is never a
+    /// finished image.
+    static func isTemporaryFileName(_ name: String) -> Bool {
+        name.hasPrefix(".upload-") && name.hasSuffix(".tmp") && name.count >= ".upload-.tmp".count
     }
 
     /// A new file name: a lowercase UUID and the kind's extension.

@@ -68,14 +68,20 @@ public struct ImageUploadService: Service {
         self.logger = logger
     }
 
-    /// Creates the images root if needed and answers requests until graceful shutdown or
-    /// cancellation, letting requests in flight finish.
+    /// Creates the images root if needed, removes temporary upload files a crash left behind,
+    /// and answers requests until graceful shutdown or cancellation, letting requests in flight
+    /// finish.
     ///
     /// - Throws: ``ServiceError`` `storeUnavailable` when the images root cannot be created, or
     ///   the bus's error (such as `addressInUse`) when the endpoint cannot be bound.
     public func run() async throws {
         let storage = ImageStorage(root: configuration.directory)
-        try await storage.prepare()
+        let leftovers = try await storage.prepare()
+        if leftovers > 0 {
+            logger.notice(
+                "removed temporary upload files left by an earlier run",
+                metadata: ["count": "\(leftovers)", "directory": "\(configuration.directory)"])
+        }
         logger.info("image-upload keeps images in \(configuration.directory)")
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc, limits: configuration.limits,

@@ -1,8 +1,10 @@
 import Foundation
 import ImageUploadService
+import Logging
 import Messaging
 import OnboardingAPI
 import ServiceRuntime
+import Synchronization
 import Testing
 
 /// Minimal real headers of each kind, and of things that are not accepted images.
@@ -40,7 +42,6 @@ enum SampleBytes {
     static let heicWithHugeLargeSize: [UInt8] = [0x00, 0x00, 0x00, 0x01] + ascii("ftyp")
         + [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF] + ascii("heic") + [0, 0, 0, 0] + ascii("mif1heic")
     static let mif1WithAVIF: [UInt8] = [0x00, 0x00, 0x00, 0x18] + ascii("ftypmif1") + [0, 0, 0, 0] + ascii("mif1avif")
-
 
     static func image(_ kind: ImageKind) -> [UInt8] {
         switch kind {
@@ -99,14 +100,17 @@ struct ImageUploadServiceTests {
     let rpc = Defaults.imageRPC
     let uid = UUID().uuidString.lowercased()
 
-    /// Runs image-upload over a fresh temporary images root for the length of `body`.
+    /// Runs image-upload over a fresh temporary images root for the length of `body`; `before`
+    /// may put files in the root before the service starts.
     @discardableResult
     func withImages<Result: Sendable>(
-        maxImageBytes: Int = Defaults.maxImageBytes, _ body: (String) async throws -> Result
+        maxImageBytes: Int = Defaults.maxImageBytes, logger: Logger = quietLogger,
+        before: (String) throws -> Void = { _ in }, _ body: (String) async throws -> Result
     ) async throws -> Result {
         try await withTemporaryDirectory { directory in
+            try before(directory)
             let configuration = ImageUploadService.Configuration(rpc: rpc, directory: directory, maxImageBytes: maxImageBytes)
-            let service = try ImageUploadService(configuration: configuration, bus: bus, logger: quietLogger)
+            let service = try ImageUploadService(configuration: configuration, bus: bus, logger: logger)
             return try await withRunningService(service, on: bus, answeringAt: rpc) { try await body(directory) }
         }
     }
@@ -292,6 +296,44 @@ struct ImageUploadServiceTests {
         }
     }
 
+    // MARK: Starting up
+
+    @Test("temporary upload files left by a crash are removed at start-up, and the count is logged")
+    func leftoverTemporaryFiles() async throws {
+        let image = "\(UUID().uuidString.lowercased()).png"
+        let messages = LogCapture()
+        let leftovers = { (directory: String) throws in
+            func write(_ path: String) throws {
+                try FileManager.default.createDirectory(
+                    atPath: "\(directory)/\((path as NSString).deletingLastPathComponent)", withIntermediateDirectories: true)
+                try Data(SampleBytes.png).write(to: URL(fileURLWithPath: "\(directory)/\(path)"))
+            }
+            try write("crashed-first-upload/.upload-\(UUID().uuidString.lowercased()).tmp")
+            try write("\(uid)/.upload-\(UUID().uuidString.lowercased()).tmp")
+            try write("\(uid)/.upload-\(UUID().uuidString.lowercased()).tmp")
+            try write("\(uid)/\(image)")
+            try write("\(uid)/notes.tmp")
+        }
+        try await withImages(logger: messages.logger, before: leftovers) { directory in
+            #expect(contents(of: directory) == [uid])
+            #expect(contents(of: "\(directory)/\(uid)") == [image, "notes.tmp"].sorted())
+            let removed = try await deleteAll()
+            #expect(removed.deleted == 1)
+        }
+        let notices = messages.entries.filter { $0.message.contains("temporary upload files") }
+        #expect(notices.count == 1)
+        #expect(notices.first?.metadata["count"] == "3")
+    }
+
+    @Test("a clean start logs no removal")
+    func cleanStart() async throws {
+        let messages = LogCapture()
+        try await withImages(logger: messages.logger) { directory in
+            _ = try await upload(SampleBytes.png)
+        }
+        #expect(!messages.entries.contains { $0.message.contains("temporary upload files") })
+    }
+
     // MARK: Configuration
 
     @Test(
@@ -319,5 +361,40 @@ struct ImageUploadServiceTests {
     func attachmentLimitSaturates() {
         let configuration = ImageUploadService.Configuration(directory: "/tmp/unused", maxImageBytes: .max)
         #expect(configuration.limits.maxAttachmentBytes == .max)
+    }
+}
+
+/// Keeps what a logger was told, for tests that check a log line.
+final class LogCapture: Sendable {
+    struct Entry: Sendable {
+        var level: Logger.Level
+        var message: String
+        var metadata: [String: String]
+    }
+
+    private let storage = Mutex<[Entry]>([])
+
+    var entries: [Entry] { storage.withLock { $0 } }
+
+    var logger: Logger {
+        Logger(label: "test") { _ in Handler(capture: self) }
+    }
+
+    fileprivate func append(_ entry: Entry) { storage.withLock { $0.append(entry) } }
+
+    private struct Handler: LogHandler {
+        let capture: LogCapture
+        var metadata: Logger.Metadata = [:]
+        var logLevel: Logger.Level = .trace
+
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+
+        func log(event: LogEvent) {
+            let merged = metadata.merging(event.metadata ?? [:]) { $1 }
+            capture.append(Entry(level: event.level, message: "\(event.message)", metadata: merged.mapValues { "\($0)" }))
+        }
     }
 }
