@@ -4,7 +4,8 @@ import OnboardingAPI
 ///
 /// Pure and thread-safe. Reads at most the first ``inspectedBytes`` bytes.
 public enum ImageSniffer {
-    /// How far into the bytes the sniffer looks (enough for an `ftyp` box's brand list).
+    /// How far into the bytes the sniffer looks (enough for an `ftyp` box's brand list; a longer
+    /// `ftyp` box is not accepted).
     public static let inspectedBytes = 4096
 
     private static let png: [UInt8] = [0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A]
@@ -29,18 +30,44 @@ public enum ImageSniffer {
         return nil
     }
 
+    /// Whether `head` starts with a well-formed `ftyp` box that names HEIC content.
+    ///
+    /// Brands are read only from inside the box as its size declares it; a box that is too
+    /// small, whose brand list is not whole 4-byte brands, or that runs past the bytes seen is
+    /// not HEIC. A size of 0 ("to the end of the file") is refused too: an `ftyp` box that is the
+    /// whole file leaves no room for the image.
     private static func isHEIC(_ head: [UInt8]) -> Bool {
-        guard head.count >= 12, ascii(head, 4..<8) == "ftyp" else { return false }
-        let declaredSize = head[0..<4].reduce(0) { $0 << 8 | Int($1) }
-        let boxEnd = declaredSize >= 16 ? min(declaredSize, head.count) : head.count
-        var brands: Set<String> = [ascii(head, 8..<12)]
-        var offset = 16
-        while offset + 4 <= boxEnd {
+        guard head.count >= 8, ascii(head, 4..<8) == "ftyp" else { return false }
+        let headerSize: Int
+        let boxSize: UInt64
+        switch bigEndian(head, 0..<4) {
+        case 0:
+            return false
+        case 1:
+            // A 64-bit `largesize` follows the box type.
+            guard head.count >= 16 else { return false }
+            headerSize = 16
+            boxSize = bigEndian(head, 8..<16)
+        case let size:
+            headerSize = 8
+            boxSize = size
+        }
+        // Major brand and minor version (4 bytes each), then whole compatible brands.
+        let minimumSize = headerSize + 8
+        guard boxSize >= UInt64(minimumSize), boxSize <= UInt64(head.count),
+            (boxSize - UInt64(minimumSize)) % 4 == 0
+        else { return false }
+        let boxEnd = Int(boxSize)
+        var brands: Set<String> = [ascii(head, headerSize..<(headerSize + 4))]
+        for offset in stride(from: minimumSize, to: boxEnd, by: 4) {
             brands.insert(ascii(head, offset..<(offset + 4)))
-            offset += 4
         }
         if !brands.isDisjoint(with: heicBrands) { return true }
         return !brands.isDisjoint(with: heifBrands) && brands.isDisjoint(with: avifBrands)
+    }
+
+    private static func bigEndian(_ bytes: [UInt8], _ range: Range<Int>) -> UInt64 {
+        bytes[range].reduce(0) { $0 << 8 | UInt64($1) }
     }
 
     private static func ascii(_ bytes: [UInt8], _ range: Range<Int>) -> String {

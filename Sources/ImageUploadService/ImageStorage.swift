@@ -1,3 +1,4 @@
+import Dispatch
 import Foundation
 import Messaging
 import OnboardingAPI
@@ -10,16 +11,44 @@ import Darwin
 
 /// The images on disk: `<root>/<uid>/<lowercase UUID>.<extension>`.
 ///
-/// Threading: every method does blocking file I/O on the calling thread. Images are at most a
-/// few MiB, so this runs inline on the cooperative pool; all file access goes through
-/// `io(_:_:)` so that it can move to a dedicated thread in one place.
-struct ImageStorage: Sendable {
+/// Threading: callable from any task. Every file operation (create, write, fsync, rename, unlink,
+/// directory listing and removal) runs on this storage's own serial `DispatchQueue`, never on
+/// Swift's cooperative thread pool; callers suspend until it is done. `io(_:_:)` is the only way
+/// onto that queue, and nothing else in this type touches the file system. Operations run one at a
+/// time in the order they were asked for, so one person's upload and delete never interleave.
+/// An operation that has started runs to the end even when its caller is cancelled.
+final class ImageStorage: Sendable {
     let root: String
+    /// The one thread of file I/O. A serial queue of its own (not the cooperative pool), so a
+    /// slow write or fsync blocks only other image I/O, never the process's tasks.
+    private let queue: DispatchQueue
 
-    /// Creates the images root if it does not exist.
-    func prepare() throws(ServiceError) {
-        try io("creating the images folder") {
+    init(root: String) {
+        self.root = root
+        self.queue = DispatchQueue(label: "image-upload.storage", qos: .utility)
+    }
+
+    /// Creates the images root if it does not exist, and clears what a crash left behind:
+    /// temporary upload files (`.upload-*.tmp`, never valid images) in each person's folder, and
+    /// person folders that are then empty.
+    ///
+    /// - Returns: how many temporary upload files were removed.
+    func prepare() async throws(ServiceError) -> Int {
+        let root = self.root
+        return try await io("preparing the images folder") {
             try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
+            var removed = 0
+            for uid in try FileManager.default.contentsOfDirectory(atPath: root) where ImagePaths.isSafeUID(uid) {
+                let folder = "\(root)/\(uid)"
+                guard Self.isDirectory(folder) else { continue }
+                for name in try FileManager.default.contentsOfDirectory(atPath: folder)
+                where ImagePaths.isTemporaryFileName(name) && Self.isRegularFile("\(folder)/\(name)") {
+                    try Self.posix("unlink") { unlink("\(folder)/\(name)") }
+                    removed += 1
+                }
+                try Self.removeFolderIfEmpty(folder)
+            }
+            return removed
         }
     }
 
@@ -29,11 +58,11 @@ struct ImageStorage: Sendable {
     /// renamed to their final name, so a crash never leaves a partial image under that name.
     ///
     /// - Returns: the image's path relative to the root, `<uid>/<file>`.
-    func store(_ bytes: Data, kind: ImageKind, uid: String) throws(ServiceError) -> String {
+    func store(_ bytes: Data, kind: ImageKind, uid: String) async throws(ServiceError) -> String {
         let folder = "\(root)/\(uid)"
         let file = ImagePaths.newFileName(kind: kind)
-        let temporary = "\(folder)/.upload-\(UUID().uuidString.lowercased()).tmp"
-        try io("storing the image") {
+        let temporary = "\(folder)/\(ImagePaths.newTemporaryFileName())"
+        try await io("storing the image") {
             try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
             do {
                 try Self.writeAndSync(bytes, to: temporary)
@@ -46,15 +75,19 @@ struct ImageStorage: Sendable {
         return "\(uid)/\(file)"
     }
 
-    /// Deletes one image of `uid`.
+    /// Deletes one image of `uid`, and `uid`'s folder when that was the last thing in it.
     ///
     /// - Returns: `false` when there was no such image.
-    func delete(uid: String, file: String) throws(ServiceError) -> Bool {
-        try io("deleting the image") {
-            guard unlink("\(root)/\(uid)/\(file)") == 0 else {
+    func delete(uid: String, file: String) async throws(ServiceError) -> Bool {
+        let folder = "\(root)/\(uid)"
+        return try await io("deleting the image") {
+            guard unlink("\(folder)/\(file)") == 0 else {
                 if errno == ENOENT { return false }
                 throw POSIXFailure(call: "unlink", code: errno)
             }
+            // The image is gone whatever happens next; a folder that cannot be removed is
+            // left for the next start-up's sweep rather than reported as a failed delete.
+            try? Self.removeFolderIfEmpty(folder)
             return true
         }
     }
@@ -62,9 +95,9 @@ struct ImageStorage: Sendable {
     /// Deletes `uid`'s folder and everything in it.
     ///
     /// - Returns: how many images it held (0 when there was no folder).
-    func deleteAll(uid: String) throws(ServiceError) -> Int {
+    func deleteAll(uid: String) async throws(ServiceError) -> Int {
         let folder = "\(root)/\(uid)"
-        return try io("deleting the images") {
+        return try await io("deleting the images") {
             let names: [String]
             do {
                 names = try FileManager.default.contentsOfDirectory(atPath: folder)
@@ -76,13 +109,37 @@ struct ImageStorage: Sendable {
         }
     }
 
-    /// The one place file I/O happens; turns any failure into `storeUnavailable`.
-    private func io<T>(_ what: String, _ body: () throws -> T) throws(ServiceError) -> T {
+    /// The one place file I/O happens: runs `body` on the storage's queue, suspending the caller
+    /// until it is done, and turns any failure into `storeUnavailable`.
+    private func io<T: Sendable>(
+        _ what: String, _ body: @escaping @Sendable () throws -> T
+    ) async throws(ServiceError) -> T {
         do {
-            return try body()
+            return try await withCheckedThrowingContinuation { continuation in
+                queue.async { continuation.resume(with: Result(catching: body)) }
+            }
         } catch {
             throw ServiceError(.storeUnavailable, "The image store failed while \(what) (\(error)). Try again.")
         }
+    }
+
+    /// Removes `folder` when it is empty; does nothing when it holds anything or is gone.
+    private static func removeFolderIfEmpty(_ folder: String) throws {
+        guard rmdir(folder) == 0 else {
+            if [ENOTEMPTY, EEXIST, ENOENT].contains(errno) { return }
+            throw POSIXFailure(call: "rmdir", code: errno)
+        }
+    }
+
+    private static func isDirectory(_ path: String) -> Bool { fileType(path) == S_IFDIR }
+
+    private static func isRegularFile(_ path: String) -> Bool { fileType(path) == S_IFREG }
+
+    /// The type bits of `path` itself (a symbolic link is not followed), or `nil` when it is gone.
+    private static func fileType(_ path: String) -> mode_t? {
+        var status = stat()
+        guard lstat(path, &status) == 0 else { return nil }
+        return status.st_mode & S_IFMT
     }
 
     private static func writeAndSync(_ bytes: Data, to path: String) throws {
@@ -129,6 +186,17 @@ enum ImagePaths {
                     false
                 }
             }
+    }
+
+    /// A new temporary file name for an upload in progress: `.upload-<lowercase UUID>.tmp`.
+    static func newTemporaryFileName() -> String {
+        ".upload-\(UUID().uuidString.lowercased()).tmp"
+    }
+
+    /// Whether `name` is a temporary upload file (`.upload-*.tmp`); such a file is never a
+    /// finished image.
+    static func isTemporaryFileName(_ name: String) -> Bool {
+        name.hasPrefix(".upload-") && name.hasSuffix(".tmp") && name.count >= ".upload-.tmp".count
     }
 
     /// A new file name: a lowercase UUID and the kind's extension.

@@ -16,19 +16,22 @@ import ServiceRuntime
 /// - `image.deleteAll`: every image of the person.
 ///
 /// Thread safety: a value type; ``run()`` is called once, from a `ServiceGroup` or a test task.
-/// File writes and deletes block the handling task briefly (images are at most a few MiB); they
-/// all go through one internal funnel so they can move to a dedicated thread later.
+/// Handlers never block the cooperative thread pool: all file I/O runs on one serial queue
+/// owned by the image storage, and handlers suspend until it is done.
 public struct ImageUploadService: Service {
     public struct Configuration: Sendable {
         /// Where requests are answered.
         public var rpc: Endpoint
         /// The images root; each person's images are in a folder named after their uid.
         public var directory: String
-        /// The largest image accepted, in bytes.
+        /// The largest image accepted, in bytes: from 1 to ``maxImageBytesCeiling``.
         public var maxImageBytes: Int
         /// The secret every request must carry (all of image-upload is service-only); `nil`
         /// trusts every caller (tests only).
         public var serviceToken: String?
+
+        /// The highest ``maxImageBytes`` the service accepts: 1 GiB.
+        public static let maxImageBytesCeiling = 1 << 30
 
         public init(
             rpc: Endpoint = Defaults.imageRPC, directory: String, maxImageBytes: Int = Defaults.maxImageBytes,
@@ -42,7 +45,8 @@ public struct ImageUploadService: Service {
 
         /// What the endpoint accepts: a small envelope, and attachments up to twice the image
         /// limit, so that an image somewhat over the limit gets the typed `imageRejected`
-        /// (`tooLarge`) rather than the bus's `messageTooLarge`.
+        /// (`tooLarge`) rather than the bus's `messageTooLarge`. Saturates at `Int.max` rather
+        /// than overflowing.
         public var limits: MessageLimits {
             let (doubled, overflow) = maxImageBytes.multipliedReportingOverflow(by: 2)
             return MessageLimits(maxEnvelopeBytes: 64 * 1024, maxAttachmentBytes: overflow ? .max : doubled)
@@ -54,28 +58,37 @@ public struct ImageUploadService: Service {
     private let logger: Logger
 
     /// - Throws: ``ServiceError`` `invalidRequest` when the directory is empty or the image
-    ///   limit is not positive.
+    ///   limit is not from 1 byte to ``Configuration/maxImageBytesCeiling`` (1 GiB).
     public init(configuration: Configuration, bus: any MessageBus, logger: Logger) throws {
         guard !configuration.directory.isEmpty else {
             throw ServiceError(.invalidRequest, "image-upload's images directory is empty; give a folder path.")
         }
-        guard configuration.maxImageBytes > 0 else {
+        let ceiling = Configuration.maxImageBytesCeiling
+        guard (1...ceiling).contains(configuration.maxImageBytes) else {
             throw ServiceError(
-                .invalidRequest, "image-upload's image limit is \(configuration.maxImageBytes) bytes; it must be positive.")
+                .invalidRequest,
+                "image-upload's image limit (maxImageBytes) is \(configuration.maxImageBytes) bytes; "
+                    + "it must be from 1 to \(ceiling) bytes (1 GiB).")
         }
         self.configuration = configuration
         self.bus = bus
         self.logger = logger
     }
 
-    /// Creates the images root if needed and answers requests until graceful shutdown or
-    /// cancellation, letting requests in flight finish.
+    /// Creates the images root if needed, removes temporary upload files a crash left behind,
+    /// and answers requests until graceful shutdown or cancellation, letting requests in flight
+    /// finish.
     ///
     /// - Throws: ``ServiceError`` `storeUnavailable` when the images root cannot be created, or
     ///   the bus's error (such as `addressInUse`) when the endpoint cannot be bound.
     public func run() async throws {
         let storage = ImageStorage(root: configuration.directory)
-        try storage.prepare()
+        let leftovers = try await storage.prepare()
+        if leftovers > 0 {
+            logger.notice(
+                "removed temporary upload files left by an earlier run",
+                metadata: ["count": "\(leftovers)", "directory": "\(configuration.directory)"])
+        }
         logger.info("image-upload keeps images in \(configuration.directory)")
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc, limits: configuration.limits,
@@ -95,7 +108,7 @@ public struct ImageUploadService: Service {
             let uid = try safeUID(context)
             let bytes = context.attachment ?? Data()
             let kind = try judge(bytes, maxImageBytes: maxImageBytes)
-            let path = try storage.store(bytes, kind: kind, uid: uid)
+            let path = try await storage.store(bytes, kind: kind, uid: uid)
             logger.info("stored image", metadata: ["uid": "\(uid)", "path": "\(path)", "bytes": "\(bytes.count)"])
             return StoredImage(path: path, kind: kind, bytes: bytes.count)
         }
@@ -106,7 +119,7 @@ public struct ImageUploadService: Service {
                     .invalidRequest,
                     "Field 'path' must be exactly '<uid>/<file>' as image.upload returned it, for the envelope's uid.")
             }
-            guard try storage.delete(uid: uid, file: file) else {
+            guard try await storage.delete(uid: uid, file: file) else {
                 throw ServiceError(.imageNotFound, "There is no image \(request.path).")
             }
             logger.info("deleted image", metadata: ["uid": "\(uid)", "path": "\(request.path)"])
@@ -114,7 +127,7 @@ public struct ImageUploadService: Service {
         }
         dispatcher.on(DeleteAllImages.self, access: .service) { _, context in
             let uid = try safeUID(context)
-            let deleted = try storage.deleteAll(uid: uid)
+            let deleted = try await storage.deleteAll(uid: uid)
             logger.info("deleted all images", metadata: ["uid": "\(uid)", "count": "\(deleted)"])
             return DeletedImages(deleted: deleted)
         }

@@ -1,8 +1,10 @@
 import Foundation
 import ImageUploadService
+import Logging
 import Messaging
 import OnboardingAPI
 import ServiceRuntime
+import Synchronization
 import Testing
 
 /// Minimal real headers of each kind, and of things that are not accepted images.
@@ -22,6 +24,24 @@ enum SampleBytes {
     static let pdf: [UInt8] = ascii("%PDF-1.7\n%\u{e2}\u{e3}")
     static let wave: [UInt8] = ascii("RIFF") + [0x24, 0, 0, 0] + ascii("WAVEfmt ")
     static let text: [UInt8] = ascii("hello, this is not an image")
+    /// An `ftyp` box declared 12 bytes long (too short to hold a minor version), with `heic`
+    /// in the bytes after it.
+    static let ftypTooShortWithHEICAfter: [UInt8] = [0x00, 0x00, 0x00, 0x0C] + ascii("ftypisom") + [0, 0, 0, 0]
+        + ascii("heicheic")
+    /// A valid `isom` box of 20 bytes, followed by bytes that spell `heic`.
+    static let isomWithHEICAfterTheBox: [UInt8] = [0x00, 0x00, 0x00, 0x14] + ascii("ftypisom") + [0, 0, 0, 0]
+        + ascii("isom") + ascii("heic")
+    static let heicBoxLargerThanTheBytes: [UInt8] = [0x00, 0x00, 0x00, 0x40] + ascii("ftypheic") + [0, 0, 0, 0]
+        + ascii("mif1heic")
+    static let heicBoxWithPartialBrand: [UInt8] = [0x00, 0x00, 0x00, 0x1A] + ascii("ftypheic") + [0, 0, 0, 0]
+        + ascii("mif1heic") + [0, 0]
+    static let heicBoxToEndOfFile: [UInt8] = [0x00, 0x00, 0x00, 0x00] + ascii("ftypheic") + [0, 0, 0, 0]
+        + ascii("mif1heic")
+    static let heicWithLargeSize: [UInt8] = [0x00, 0x00, 0x00, 0x01] + ascii("ftyp") + [0, 0, 0, 0, 0, 0, 0, 0x20]
+        + ascii("heic") + [0, 0, 0, 0] + ascii("mif1heic")
+    static let heicWithHugeLargeSize: [UInt8] = [0x00, 0x00, 0x00, 0x01] + ascii("ftyp")
+        + [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF] + ascii("heic") + [0, 0, 0, 0] + ascii("mif1heic")
+    static let mif1WithAVIF: [UInt8] = [0x00, 0x00, 0x00, 0x18] + ascii("ftypmif1") + [0, 0, 0, 0] + ascii("mif1avif")
 
     static func image(_ kind: ImageKind) -> [UInt8] {
         switch kind {
@@ -57,6 +77,14 @@ struct ImageUploadSnifferTests {
         SniffCase(name: "truncated PNG signature", bytes: Array(SampleBytes.png.prefix(4)), expected: nil),
         SniffCase(name: "truncated WebP header", bytes: Array(SampleBytes.webp.prefix(10)), expected: nil),
         SniffCase(name: "nothing", bytes: [], expected: nil),
+        SniffCase(name: "ftyp of size 12 with heic after the box", bytes: SampleBytes.ftypTooShortWithHEICAfter, expected: nil),
+        SniffCase(name: "isom box with heic after the box", bytes: SampleBytes.isomWithHEICAfterTheBox, expected: nil),
+        SniffCase(name: "heic box larger than the bytes", bytes: SampleBytes.heicBoxLargerThanTheBytes, expected: nil),
+        SniffCase(name: "heic box ending in a partial brand", bytes: SampleBytes.heicBoxWithPartialBrand, expected: nil),
+        SniffCase(name: "heic box running to the end of the file", bytes: SampleBytes.heicBoxToEndOfFile, expected: nil),
+        SniffCase(name: "heic box with a 64-bit size", bytes: SampleBytes.heicWithLargeSize, expected: .heic),
+        SniffCase(name: "heic box with a 64-bit size past the bytes", bytes: SampleBytes.heicWithHugeLargeSize, expected: nil),
+        SniffCase(name: "mif1 with an avif brand", bytes: SampleBytes.mif1WithAVIF, expected: nil),
     ]
 
     @Test("an image's kind comes from its bytes", arguments: cases)
@@ -72,14 +100,17 @@ struct ImageUploadServiceTests {
     let rpc = Defaults.imageRPC
     let uid = UUID().uuidString.lowercased()
 
-    /// Runs image-upload over a fresh temporary images root for the length of `body`.
+    /// Runs image-upload over a fresh temporary images root for the length of `body`; `before`
+    /// may put files in the root before the service starts.
     @discardableResult
     func withImages<Result: Sendable>(
-        maxImageBytes: Int = Defaults.maxImageBytes, _ body: (String) async throws -> Result
+        maxImageBytes: Int = Defaults.maxImageBytes, logger: Logger = quietLogger,
+        before: (String) throws -> Void = { _ in }, _ body: (String) async throws -> Result
     ) async throws -> Result {
         try await withTemporaryDirectory { directory in
+            try before(directory)
             let configuration = ImageUploadService.Configuration(rpc: rpc, directory: directory, maxImageBytes: maxImageBytes)
-            let service = try ImageUploadService(configuration: configuration, bus: bus, logger: quietLogger)
+            let service = try ImageUploadService(configuration: configuration, bus: bus, logger: logger)
             return try await withRunningService(service, on: bus, answeringAt: rpc) { try await body(directory) }
         }
     }
@@ -248,6 +279,122 @@ struct ImageUploadServiceTests {
             #expect(!FileManager.default.fileExists(atPath: "\(directory)/\(uid)"))
             #expect(FileManager.default.fileExists(atPath: "\(directory)/\(other.path)"))
             #expect(try await deleteAll().deleted == 0)
+        }
+    }
+
+    @Test("deleting a person's last image removes their folder")
+    func deleteLastImageRemovesFolder() async throws {
+        try await withImages { directory in
+            let first = try await upload(SampleBytes.png)
+            let second = try await upload(SampleBytes.jpeg)
+            #expect(try await delete(first.path).deleted == 1)
+            #expect(contents(of: "\(directory)/\(uid)") == [String(second.path.dropFirst(uid.count + 1))])
+            #expect(try await delete(second.path).deleted == 1)
+            #expect(contents(of: directory).isEmpty)
+            let again = try await upload(SampleBytes.webp)
+            #expect(FileManager.default.fileExists(atPath: "\(directory)/\(again.path)"))
+        }
+    }
+
+    // MARK: Starting up
+
+    @Test("temporary upload files left by a crash are removed at start-up, and the count is logged")
+    func leftoverTemporaryFiles() async throws {
+        let image = "\(UUID().uuidString.lowercased()).png"
+        let messages = LogCapture()
+        let leftovers = { (directory: String) throws in
+            func write(_ path: String) throws {
+                try FileManager.default.createDirectory(
+                    atPath: "\(directory)/\((path as NSString).deletingLastPathComponent)", withIntermediateDirectories: true)
+                try Data(SampleBytes.png).write(to: URL(fileURLWithPath: "\(directory)/\(path)"))
+            }
+            try write("crashed-first-upload/.upload-\(UUID().uuidString.lowercased()).tmp")
+            try write("\(uid)/.upload-\(UUID().uuidString.lowercased()).tmp")
+            try write("\(uid)/.upload-\(UUID().uuidString.lowercased()).tmp")
+            try write("\(uid)/\(image)")
+            try write("\(uid)/notes.tmp")
+        }
+        try await withImages(logger: messages.logger, before: leftovers) { directory in
+            #expect(contents(of: directory) == [uid])
+            #expect(contents(of: "\(directory)/\(uid)") == [image, "notes.tmp"].sorted())
+            let removed = try await deleteAll()
+            #expect(removed.deleted == 1)
+        }
+        let notices = messages.entries.filter { $0.message.contains("temporary upload files") }
+        #expect(notices.count == 1)
+        #expect(notices.first?.metadata["count"] == "3")
+    }
+
+    @Test("a clean start logs no removal")
+    func cleanStart() async throws {
+        let messages = LogCapture()
+        try await withImages(logger: messages.logger) { directory in
+            _ = try await upload(SampleBytes.png)
+        }
+        #expect(!messages.entries.contains { $0.message.contains("temporary upload files") })
+    }
+
+    // MARK: Configuration
+
+    @Test(
+        "an image limit that is not from 1 byte to 1 GiB is refused, naming the limit",
+        arguments: [0, -1, Int.min, ImageUploadService.Configuration.maxImageBytesCeiling + 1, Int.max])
+    func invalidImageLimit(maxImageBytes: Int) throws {
+        let configuration = ImageUploadService.Configuration(directory: "/tmp/unused", maxImageBytes: maxImageBytes)
+        let error = #expect(throws: ServiceError.self) {
+            try ImageUploadService(configuration: configuration, bus: bus, logger: quietLogger)
+        }
+        #expect(error?.code == .invalidRequest)
+        #expect(error?.message.contains("maxImageBytes") == true, "\(String(describing: error))")
+        #expect(error?.message.contains("\(maxImageBytes)") == true, "\(String(describing: error))")
+        #expect(error?.message.contains("1073741824") == true, "\(String(describing: error))")
+    }
+
+    @Test("image limits of 1 byte and of 1 GiB are accepted", arguments: [1, 1 << 30])
+    func validImageLimit(maxImageBytes: Int) throws {
+        let configuration = ImageUploadService.Configuration(directory: "/tmp/unused", maxImageBytes: maxImageBytes)
+        #expect(throws: Never.self) { try ImageUploadService(configuration: configuration, bus: bus, logger: quietLogger) }
+        #expect(configuration.limits.maxAttachmentBytes == maxImageBytes * 2)
+    }
+
+    @Test("the attachment limit saturates instead of overflowing")
+    func attachmentLimitSaturates() {
+        let configuration = ImageUploadService.Configuration(directory: "/tmp/unused", maxImageBytes: .max)
+        #expect(configuration.limits.maxAttachmentBytes == .max)
+    }
+}
+
+/// Keeps what a logger was told, for tests that check a log line.
+final class LogCapture: Sendable {
+    struct Entry: Sendable {
+        var level: Logger.Level
+        var message: String
+        var metadata: [String: String]
+    }
+
+    private let storage = Mutex<[Entry]>([])
+
+    var entries: [Entry] { storage.withLock { $0 } }
+
+    var logger: Logger {
+        Logger(label: "test") { _ in Handler(capture: self) }
+    }
+
+    fileprivate func append(_ entry: Entry) { storage.withLock { $0.append(entry) } }
+
+    private struct Handler: LogHandler {
+        let capture: LogCapture
+        var metadata: Logger.Metadata = [:]
+        var logLevel: Logger.Level = .trace
+
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+
+        func log(event: LogEvent) {
+            let merged = metadata.merging(event.metadata ?? [:]) { $1 }
+            capture.append(Entry(level: event.level, message: "\(event.message)", metadata: merged.mapValues { "\($0)" }))
         }
     }
 }
