@@ -126,19 +126,18 @@ final class IntentRecorder: Sendable {
         return nil
     }
 
-    /// Waits until intents from the orchestrator reach this recorder: pub/sub delivers only
-    /// after a subscription has taken effect, so a warm-up person asks "check me now" until one
-    /// of their intents arrives.
+    /// Waits until intents reach this recorder along the whole path a sign-in takes: pub/sub
+    /// delivers only after a subscription has taken effect (this tap's to the routes, and the
+    /// orchestrator's to auth events), so warm-up people sign in until one's sign-in intent arrives.
     func warmUp(with client: OnboardingClient) async throws {
-        _ = try await client.signIn(provider: .google, subject: "warm-up-\(UUID().uuidString)")
-        let uid = try #require(client.session?.uid)
         let clock = ContinuousClock()
         let deadline = clock.now.advanced(by: .seconds(10))
         while clock.now < deadline {
-            _ = try await client.checkNow()
-            if await received.first(timeout: .milliseconds(100), where: { $0.uid == uid }) != nil { return }
+            let uid = try await client.signIn(provider: .google, subject: "warm-up-\(UUID().uuidString)").uid
+            let arrived = await received.first(timeout: .milliseconds(100)) { $0.uid == uid && $0.reason == .signedIn }
+            if arrived != nil { return }
         }
-        Issue.record("the route topic never delivered the warm-up person's intents")
+        Issue.record("the route topic never delivered a warm-up person's sign-in intent")
     }
 }
 
