@@ -44,10 +44,59 @@ struct SystemEndpoints: Sendable {
 }
 
 /// Collects the route intents a tap sees, and lets a test wait for one.
+///
+/// Waiting is event-driven: a waiter (predicate and continuation) is kept until the task that
+/// consumes the intents appends a matching one, or until its deadline passes.
 final class IntentRecorder: Sendable {
     private final class Log: Sendable {
-        let intents = Mutex<[RouteIntent]>([])
-        func withLock<T>(_ body: (inout [RouteIntent]) -> T) -> T { intents.withLock { body(&$0) } }
+        private struct Waiter {
+            var predicate: @Sendable (RouteIntent) -> Bool
+            var continuation: CheckedContinuation<RouteIntent?, Never>
+            var timer: Task<Void, Never>
+        }
+
+        private struct State {
+            var intents: [RouteIntent] = []
+            var nextID = 0
+            var waiters: [Int: Waiter] = [:]
+        }
+
+        private let state = Mutex(State())
+
+        var all: [RouteIntent] { state.withLock { $0.intents } }
+
+        /// Appends `intent` and resumes every waiter it matches.
+        func append(_ intent: RouteIntent) {
+            let matched = state.withLock { state -> [Waiter] in
+                state.intents.append(intent)
+                let matched = state.waiters.filter { $0.value.predicate(intent) }
+                for id in matched.keys { state.waiters[id] = nil }
+                return Array(matched.values)
+            }
+            for waiter in matched {
+                waiter.timer.cancel()
+                waiter.continuation.resume(returning: intent)
+            }
+        }
+
+        /// The first intent matching `predicate`, waiting up to `timeout` for one; nil if none came.
+        func first(timeout: Duration, where predicate: @escaping @Sendable (RouteIntent) -> Bool) async -> RouteIntent? {
+            await withCheckedContinuation { continuation in
+                let found = state.withLock { state -> RouteIntent? in
+                    if let match = state.intents.first(where: predicate) { return match }
+                    state.nextID += 1
+                    let id = state.nextID
+                    // Races the consumer: whichever removes the waiter first resumes it.
+                    let timer = Task { [self] in
+                        try? await Task.sleep(for: timeout)
+                        self.state.withLock { $0.waiters.removeValue(forKey: id) }?.continuation.resume(returning: nil)
+                    }
+                    state.waiters[id] = Waiter(predicate: predicate, continuation: continuation, timer: timer)
+                    return nil
+                }
+                if let found { continuation.resume(returning: found) }
+            }
+        }
     }
 
     private let received = Log()
@@ -56,13 +105,13 @@ final class IntentRecorder: Sendable {
     init(_ intents: RouteIntents) {
         let received = self.received
         task = Task {
-            for await intent in intents { received.withLock { $0.append(intent.intent) } }
+            for await intent in intents { received.append(intent.intent) }
         }
     }
 
     deinit { task.cancel() }
 
-    var all: [RouteIntent] { received.withLock { $0 } }
+    var all: [RouteIntent] { received.all }
 
     func intents(for uid: String) -> [RouteIntent] { all.filter { $0.uid == uid } }
 
@@ -70,34 +119,25 @@ final class IntentRecorder: Sendable {
     @discardableResult
     func next(
         timeout: Duration = .seconds(10), sourceLocation: SourceLocation = #_sourceLocation,
-        where predicate: @escaping (RouteIntent) -> Bool
+        where predicate: @escaping @Sendable (RouteIntent) -> Bool
     ) async -> RouteIntent? {
-        let clock = ContinuousClock()
-        let deadline = clock.now.advanced(by: timeout)
-        while clock.now < deadline {
-            if let match = received.withLock({ $0.first(where: predicate) }) { return match }
-            try? await Task.sleep(for: .milliseconds(5))
-        }
+        if let match = await received.first(timeout: timeout, where: predicate) { return match }
         Issue.record("no matching route intent within \(timeout); saw \(all)", sourceLocation: sourceLocation)
         return nil
     }
 
-    /// Waits until intents from the orchestrator reach this recorder: pub/sub delivers only
-    /// after a subscription has taken effect, so a warm-up person asks "check me now" until one
-    /// of their intents arrives.
+    /// Waits until intents reach this recorder along the whole path a sign-in takes: pub/sub
+    /// delivers only after a subscription has taken effect (this tap's to the routes, and the
+    /// orchestrator's to auth events), so warm-up people sign in until one's sign-in intent arrives.
     func warmUp(with client: OnboardingClient) async throws {
-        _ = try await client.signIn(provider: .google, subject: "warm-up-\(UUID().uuidString)")
-        let uid = try #require(client.session?.uid)
         let clock = ContinuousClock()
         let deadline = clock.now.advanced(by: .seconds(10))
         while clock.now < deadline {
-            _ = try await client.checkNow()
-            for _ in 0..<20 {
-                if received.withLock({ $0.contains { $0.uid == uid } }) { return }
-                try await Task.sleep(for: .milliseconds(5))
-            }
+            let uid = try await client.signIn(provider: .google, subject: "warm-up-\(UUID().uuidString)").uid
+            let arrived = await received.first(timeout: .milliseconds(100)) { $0.uid == uid && $0.reason == .signedIn }
+            if arrived != nil { return }
         }
-        Issue.record("the route topic never delivered the warm-up person's intents")
+        Issue.record("the route topic never delivered a warm-up person's sign-in intent")
     }
 }
 

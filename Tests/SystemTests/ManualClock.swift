@@ -1,6 +1,9 @@
 import Synchronization
 
 /// A clock that moves only when a test says so, for testing time-based code without waiting.
+///
+/// `onSleep` is called whenever a task starts sleeping on it, so a test can wait for that event
+/// instead of polling.
 final class ManualClock: Clock, Sendable {
     struct Instant: InstantProtocol {
         var offset: Duration
@@ -21,6 +24,9 @@ final class ManualClock: Clock, Sendable {
     }
 
     private let state = Mutex(State())
+    private let onSleep: @Sendable () -> Void
+
+    init(onSleep: @escaping @Sendable () -> Void = {}) { self.onSleep = onSleep }
 
     var now: Instant { state.withLock { $0.now } }
     var minimumResolution: Duration { .zero }
@@ -39,6 +45,8 @@ final class ManualClock: Clock, Sendable {
                 }
                 if resumeNow {
                     if Task.isCancelled { continuation.resume(throwing: CancellationError()) } else { continuation.resume() }
+                } else {
+                    onSleep()
                 }
             }
         } onCancel: {
@@ -49,12 +57,31 @@ final class ManualClock: Clock, Sendable {
 
     /// Moves time forward and wakes every sleeper whose deadline has come.
     func advance(by duration: Duration) {
-        let due = state.withLock { state -> [Sleeper] in
-            state.now = state.now.advanced(by: duration)
-            let due = state.sleepers.filter { $0.value.deadline <= state.now }
+        wake { $0.now.advanced(by: duration) }
+    }
+
+    /// Whether some task is sleeping on this clock.
+    var hasSleepers: Bool { state.withLock { !$0.sleepers.isEmpty } }
+
+    /// Moves time forward to the earliest deadline anyone sleeps until, and wakes every sleeper
+    /// whose deadline has come. Returns false, and leaves time alone, if nobody sleeps.
+    @discardableResult
+    func advanceToNextDeadline() -> Bool {
+        wake { state in state.sleepers.values.map(\.deadline).min().map { max($0, state.now) } }
+    }
+
+    /// Sets the time to `newNow(state)`, if any, and wakes every sleeper whose deadline has come.
+    @discardableResult
+    private func wake(_ newNow: (State) -> Instant?) -> Bool {
+        let due = state.withLock { state -> [Sleeper]? in
+            guard let now = newNow(state) else { return nil }
+            state.now = now
+            let due = state.sleepers.filter { $0.value.deadline <= now }
             for id in due.keys { state.sleepers[id] = nil }
             return Array(due.values)
         }
+        guard let due else { return false }
         for sleeper in due { sleeper.continuation.resume() }
+        return true
     }
 }
