@@ -33,8 +33,9 @@ public struct TapCommand: AsyncParsableCommand {
         let logger = Logger(label: "onboarding-tap")
         let bus = ZeroMQBus(source: "onboarding-tap", logger: logger)
         let useColor = color == .always || (color == .auto && Terminal.standardOutputIsTerminal)
+        // Uids are lowercase UUIDs; topics match byte for byte.
         let tap = Tap(
-            bus: bus, configuration: endpoints.clientConfiguration, uid: uid, json: json, color: useColor,
+            bus: bus, configuration: endpoints.clientConfiguration, uid: uid?.lowercased(), json: json, color: useColor,
             orchestrator: endpoints.orchestratorRPC)
         let group = ServiceGroup(
             configuration: .init(

@@ -47,7 +47,7 @@ enum Terminal {
         case .profileExists:
             "This person already has a profile: onboarding-client profile shows it."
         case .imageRejected:
-            "Use a PNG, JPEG, WebP or HEIC image of at most \(Defaults.maxImageBytes / 1024 / 1024) MiB."
+            "Use a PNG, JPEG, WebP or HEIC image within the size limit (the message says which)."
         case .dependencyUnavailable:
             "A service behind this one is down or slow; ./compose/onboarding status shows which. Try again."
         default:

@@ -46,6 +46,8 @@ public struct CommonServiceOptions: ParsableArguments {
 public enum ServiceHost {
     /// Sets up logging to standard error at `level`, once per process.
     public static func bootstrapLogging(level: Logger.Level) {
+        // A closed log reader must not kill the service mid-shutdown: writes fail instead.
+        signal(SIGPIPE, SIG_IGN)
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = level
