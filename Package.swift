@@ -29,6 +29,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-async-algorithms", from: "1.1.4"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
     ],
     targets: [
         // MARK: Messaging
@@ -91,7 +92,10 @@ let package = Package(
 
         .target(
             name: "AuthService",
-            dependencies: ["ServiceRuntime"]
+            dependencies: [
+                "ServiceRuntime",
+                .product(name: "Crypto", package: "swift-crypto"),
+            ]
         ),
         .executableTarget(name: "auth-service", dependencies: ["AuthService"]),
 

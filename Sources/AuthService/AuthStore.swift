@@ -33,6 +33,15 @@ struct AuthStore: SessionVerifier {
                 table.column("createdAt", .text).notNull()
             }
         }
+        migrator.registerMigration("auth-v2-hashed-session-tokens") { db in
+            // Sessions are looked up by the SHA-256 of their token: a copy of the database does
+            // not hand out live sessions.
+            let tokens = try String.fetchAll(db, sql: "SELECT token FROM session")
+            for token in tokens {
+                try db.execute(
+                    sql: "UPDATE session SET token = ? WHERE token = ?", arguments: [SessionToken.digest(token), token])
+            }
+        }
         return migrator
     }
 
@@ -61,7 +70,8 @@ struct AuthStore: SessionVerifier {
                 throw ServiceError(.internalError, "The account vanished while signing in; try again.")
             }
             try db.execute(
-                sql: "INSERT INTO session (token, uid, createdAt) VALUES (?, ?, ?)", arguments: [token, uid, now])
+                sql: "INSERT INTO session (token, uid, createdAt) VALUES (?, ?, ?)",
+                arguments: [SessionToken.digest(token), uid, now])
             try outbox.append(
                 SignedIn(uid: uid, provider: provider, isNewAccount: isNewAccount), uid: uid,
                 correlationId: correlationId, in: db)
@@ -77,7 +87,7 @@ struct AuthStore: SessionVerifier {
         let outbox = self.outbox
         return try await withStore(database, logger: logger) { db in
             let uid = try Self.uid(ofSession: token, in: db)
-            try db.execute(sql: "DELETE FROM session WHERE token = ?", arguments: [token])
+            try db.execute(sql: "DELETE FROM session WHERE token = ?", arguments: [SessionToken.digest(token)])
             try outbox.append(SignedOut(uid: uid), uid: uid, correlationId: correlationId, in: db)
             return uid
         }
@@ -103,7 +113,8 @@ struct AuthStore: SessionVerifier {
 
     private static func uid(ofSession token: String, in db: Database) throws -> String {
         guard !token.isEmpty,
-            let uid = try String.fetchOne(db, sql: "SELECT uid FROM session WHERE token = ?", arguments: [token])
+            let uid = try String.fetchOne(
+                db, sql: "SELECT uid FROM session WHERE token = ?", arguments: [SessionToken.digest(token)])
         else {
             throw ServiceError(
                 .unauthenticated, "The session token is not valid: it is unknown, signed out or withdrawn. Sign in again.")

@@ -1,6 +1,10 @@
+import Crypto
 import Foundation
 
 /// Session tokens: 32 bytes from the system's secure random source, base64url without padding.
+///
+/// The store keeps only each token's SHA-256 digest, so a copy of the database does not hand
+/// out live sessions.
 enum SessionToken {
     static let byteCount = 32
 
@@ -15,5 +19,10 @@ enum SessionToken {
             .replacingOccurrences(of: "+", with: "-")
             .replacingOccurrences(of: "/", with: "_")
             .replacingOccurrences(of: "=", with: "")
+    }
+
+    /// What the store keeps of `token`: its SHA-256, in lowercase hex.
+    static func digest(_ token: String) -> String {
+        SHA256.hash(data: Data(token.utf8)).map { String(format: "%02x", $0) }.joined()
     }
 }

@@ -1,5 +1,6 @@
 import AuthService
 import Foundation
+import GRDB
 import Messaging
 import OnboardingAPI
 import ServiceRuntime
@@ -112,6 +113,23 @@ struct AuthServiceTests {
                 #expect(results.filter(\.isNewAccount).count == 1)
                 #expect(Set(results.map(\.sessionToken)).count == 20)
             }
+        }
+    }
+
+    @Test("the store keeps only a digest of each session token, and the digest still verifies the session")
+    func tokensAreStoredAsDigests() async throws {
+        try await withTemporaryDirectory { directory in
+            let path = "\(directory)/auth.sqlite"
+            let session = try await withAuth(databasePath: path) { try await signIn(.kakao, "digest") }
+            let stored = try await DatabaseQueue(path: path).read { db in
+                try String.fetchAll(db, sql: "SELECT token FROM session")
+            }
+            #expect(stored.count == 1)
+            #expect(!stored.contains(session.sessionToken), "the token itself is never written")
+            #expect(stored.allSatisfy { $0.count == 64 && $0.allSatisfy(\.isHexDigit) })
+            // Reopened, the service still knows the session by its digest.
+            let verified = try await withAuth(databasePath: path) { try await verify(session.sessionToken) }
+            #expect(verified.uid == session.uid)
         }
     }
 
