@@ -96,7 +96,9 @@ public struct AuthService: Service {
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc,
             dispatcher: Self.dispatcher(store: store, identities: identities, logger: logger), logger: logger)
-        try await server.run()
+        try await withCheckpoints(path: configuration.databasePath, logger: logger) {
+            try await server.run()
+        }
     }
 
     private static func dispatcher(store: AuthStore, identities: any IdentityVerifier, logger: Logger) -> RequestDispatcher {

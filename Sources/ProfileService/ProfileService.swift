@@ -99,6 +99,8 @@ public struct ProfileService: Service {
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc, limits: Self.rpcLimits,
             dispatcher: requests.dispatcher(sessions: sessions, serviceToken: configuration.serviceToken, logger: logger), logger: logger)
-        try await server.run()
+        try await withCheckpoints(path: configuration.databasePath, logger: logger) {
+            try await server.run()
+        }
     }
 }

@@ -10,12 +10,18 @@ public enum ServiceDatabase {
     /// a commit is durable against a process crash at once, and against power loss from the
     /// next checkpoint; there is no disk sync per commit.
     ///
+    /// Commits never checkpoint (`wal_autocheckpoint=0`): an automatic checkpoint would sync the
+    /// database file inside whichever commit crossed the threshold, a stall of milliseconds on
+    /// the request that made it. Run ``withCheckpoints(path:logger:_:)`` beside the service so a
+    /// connection of its own does that work in the background.
+    ///
     /// - Parameter path: a file path, or `nil` for a private in-memory database (tests).
     public static func open(path: String?) throws -> any DatabaseWriter {
         var configuration = GRDB.Configuration()
         configuration.busyMode = .timeout(5)
         configuration.prepareDatabase { db in
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
+            try db.execute(sql: "PRAGMA wal_autocheckpoint = 0")
         }
         guard let path else {
             return try DatabaseQueue(configuration: configuration)
@@ -41,5 +47,39 @@ public func withStore<T: Sendable>(
     } catch {
         logger?.error("store failure: \(error)")
         throw ServiceError(.storeUnavailable, "The store failed. Nothing was changed; try again.")
+    }
+}
+
+/// Runs `body` while a checkpointer copies the database's write-ahead log into the file every
+/// `interval`, on a connection and a thread of its own, and once more when `body` returns.
+///
+/// Passive checkpoints never wait for readers or writers, so requests do not stall on them.
+/// `path` `nil` (an in-memory database) runs `body` alone.
+public func withCheckpoints<T: Sendable>(
+    path: String?, every interval: Duration = .seconds(1), logger: Logger,
+    _ body: () async throws -> T
+) async throws -> T {
+    guard let path else { return try await body() }
+    var configuration = GRDB.Configuration()
+    configuration.busyMode = .timeout(1)
+    let connection = try DatabaseQueue(path: path, configuration: configuration)
+    @Sendable func checkpoint() async {
+        do {
+            _ = try await connection.writeWithoutTransaction { try $0.checkpoint(.passive) }
+        } catch {
+            logger.error("checkpoint of \(path) failed: \(error); the write-ahead log keeps growing until one succeeds")
+        }
+    }
+    return try await withThrowingTaskGroup(of: Void.self) { group in
+        group.addTask {
+            while (try? await Task.sleep(for: interval)) != nil {
+                await checkpoint()
+            }
+        }
+        defer { group.cancelAll() }
+        let result = try await body()
+        group.cancelAll()
+        await checkpoint()
+        return result
     }
 }
