@@ -22,6 +22,7 @@ public enum ServiceDatabase {
         configuration.prepareDatabase { db in
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
             try db.execute(sql: "PRAGMA wal_autocheckpoint = 0")
+            try db.execute(sql: "PRAGMA journal_size_limit = \(64 * 1024 * 1024)")
         }
         guard let path else {
             return try DatabaseQueue(configuration: configuration)
@@ -54,18 +55,26 @@ public func withStore<T: Sendable>(
 /// `interval`, on a connection and a thread of its own, and once more when `body` returns.
 ///
 /// Passive checkpoints never wait for readers or writers, so requests do not stall on them.
+/// Under steady writes they never quite catch up, and SQLite only rewinds the log once one has,
+/// so when the log passes `walLimit` bytes a truncating checkpoint runs: it holds writers back
+/// for as long as it takes (milliseconds), once per `walLimit` of writes.
 /// `path` `nil` (an in-memory database) runs `body` alone.
 public func withCheckpoints<T: Sendable>(
-    path: String?, every interval: Duration = .seconds(1), logger: Logger,
+    path: String?, every interval: Duration = .seconds(1), walLimit: Int = 64 * 1024 * 1024, logger: Logger,
     _ body: () async throws -> T
 ) async throws -> T {
     guard let path else { return try await body() }
     var configuration = GRDB.Configuration()
-    configuration.busyMode = .timeout(1)
+    configuration.busyMode = .timeout(5)
     let connection = try DatabaseQueue(path: path, configuration: configuration)
+    let walPath = path + "-wal"
     @Sendable func checkpoint() async {
         do {
             _ = try await connection.writeWithoutTransaction { try $0.checkpoint(.passive) }
+            let walSize = ((try? FileManager.default.attributesOfItem(atPath: walPath))?[.size] as? Int) ?? 0
+            if walSize > walLimit {
+                _ = try await connection.writeWithoutTransaction { try $0.checkpoint(.truncate) }
+            }
         } catch {
             logger.error("checkpoint of \(path) failed: \(error); the write-ahead log keeps growing until one succeeds")
         }

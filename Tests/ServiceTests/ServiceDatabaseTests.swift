@@ -30,6 +30,10 @@ struct ServiceDatabaseTests {
             #expect(fileSize(path) > 2 * 1024 * 1024, "the final checkpoint copied the rows into the file")
             let count = try await writer.read { try Int.fetchOne($0, sql: "SELECT COUNT(*) FROM blob") }
             #expect(count == 2_000)
+
+            // Past the size limit, the log is truncated.
+            try await withCheckpoints(path: path, every: .seconds(3600), walLimit: 1024, logger: quietLogger) {}
+            #expect(fileSize(path + "-wal") == 0)
         }
     }
 }
