@@ -60,7 +60,7 @@ public func withStore<T: Sendable>(
 /// for as long as it takes (milliseconds), once per `walLimit` of writes.
 /// `path` `nil` (an in-memory database) runs `body` alone.
 public func withCheckpoints<T: Sendable>(
-    path: String?, every interval: Duration = .seconds(1), walLimit: Int = 64 * 1024 * 1024, logger: Logger,
+    path: String?, every interval: Duration = .milliseconds(200), walLimit: Int = 64 * 1024 * 1024, logger: Logger,
     _ body: () async throws -> T
 ) async throws -> T {
     guard let path else { return try await body() }
