@@ -28,7 +28,9 @@ final class RunningSystem: Sendable {
     }
 
     init() throws {
-        endpoints = .tcp(base: 30_000 + Int.random(in: 0..<2_000) * 10)
+        // 26000-31999: below Linux's ephemeral range (32768 and up), where an outgoing
+        // connection could already hold a port, and above the contract tests' ports.
+        endpoints = .tcp(base: 26_000 + Int.random(in: 0..<599) * 10)
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("onboarding-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let e = endpoints
@@ -80,8 +82,15 @@ final class RunningSystem: Sendable {
         logger.logLevel = .warning
         let bus = ZeroMQBus(source: "test", logger: logger)
         do {
-            for (_, endpoint) in system.endpoints.rpcEndpoints {
-                try await bus.waitUntilAnswering(endpoint, source: "test", timeout: .seconds(30))
+            for (name, endpoint) in system.endpoints.rpcEndpoints {
+                do {
+                    try await bus.waitUntilAnswering(endpoint, source: "test", timeout: .seconds(30))
+                } catch {
+                    let exited = system.processes.filter { !$0.isRunning }
+                        .map { "\($0.executableURL?.lastPathComponent ?? "?") exited with \($0.terminationStatus)" }
+                    Issue.record("\(name) never answered at \(endpoint): \(error); \(exited.isEmpty ? "all still running" : exited.joined(separator: ", "))")
+                    throw error
+                }
             }
             try await body(bus, system)
         } catch {
