@@ -16,9 +16,7 @@ public struct CommonServiceOptions: ParsableArguments {
 
     @Option(
         name: .long,
-        help: """
-            The secret our services share for calls between them. Env: ONBOARDING_SERVICE_TOKEN.             Default: read from <data-dir>/service.token, which is created on first use.
-            """)
+        help: "The secret our services share for calls between them. Env: ONBOARDING_SERVICE_TOKEN. Default: read from <data-dir>/service.token, which is created on first use.")
     public var serviceToken: String?
 
     public init() {}
