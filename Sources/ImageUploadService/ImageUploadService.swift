@@ -49,7 +49,8 @@ public struct ImageUploadService: Service {
         /// than overflowing.
         public var limits: MessageLimits {
             let (doubled, overflow) = maxImageBytes.multipliedReportingOverflow(by: 2)
-            return MessageLimits(maxEnvelopeBytes: 64 * 1024, maxAttachmentBytes: overflow ? .max : doubled)
+            // Few images wait, so what is held in memory stays bounded.
+            return MessageLimits(maxEnvelopeBytes: 64 * 1024, maxAttachmentBytes: overflow ? .max : doubled, queueLimit: 16)
         }
     }
 
@@ -95,7 +96,7 @@ public struct ImageUploadService: Service {
             dispatcher: Self.dispatcher(
                 storage: storage, maxImageBytes: configuration.maxImageBytes, serviceToken: configuration.serviceToken,
                 logger: logger),
-            logger: logger)
+            logger: logger, maxInFlight: 32)
         try await server.run()
     }
 

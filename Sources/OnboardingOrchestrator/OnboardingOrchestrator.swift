@@ -84,11 +84,14 @@ public struct OnboardingOrchestrator: Service {
 
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc,
+            // Set-up requests may carry images: few wait and few run at once, so what is held in
+            // memory stays bounded ((16 + 32) × twice the image limit).
             limits: MessageLimits(
                 maxEnvelopeBytes: 64 * 1024,
                 maxAttachmentBytes: configuration.maxImageBytes.multipliedReportingOverflow(by: 2).overflow
-                    ? .max : configuration.maxImageBytes * 2),
-            dispatcher: engine.dispatcher(sessions: sessions), logger: logger)
+                    ? .max : configuration.maxImageBytes * 2,
+                queueLimit: 16),
+            dispatcher: engine.dispatcher(sessions: sessions), logger: logger, maxInFlight: 32)
 
         try await withThrowingDiscardingTaskGroup { group in
             group.addTask { await engine.follow(authEvents) }
@@ -274,7 +277,12 @@ final class Engine: Sendable {
         let result = await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 waiters.withLock { $0[waiter] = continuation }
-                send(.checkRequested(uid: uid, waiter: waiter))
+                // Cancelled before the continuation was stored: onCancel found nothing to resume.
+                if Task.isCancelled {
+                    resume(waiter, with: .failure(ServiceError(.shuttingDown, "The orchestrator is stopping; ask again in a moment.")))
+                } else {
+                    send(.checkRequested(uid: uid, waiter: waiter))
+                }
             }
         } onCancel: {
             resume(waiter, with: .failure(ServiceError(.shuttingDown, "The orchestrator is stopping; ask again in a moment.")))

@@ -91,6 +91,10 @@ public struct OnboardingStateMachine: Sendable {
     public var capacity: Int
     private(set) var people: [String: Person] = [:]
     private var nextCheckID: CheckID = 0
+    /// Inputs since the last sweep: over capacity, a sweep runs once per tenth of the capacity
+    /// in inputs, so one that cannot free enough (everyone has work under way) is not redone
+    /// on every input.
+    private var inputsSinceSweep = 0
 
     public init(retryPolicy: RetryPolicy = RetryPolicy(), capacity: Int = 100_000) {
         self.retryPolicy = retryPolicy
@@ -106,7 +110,10 @@ public struct OnboardingStateMachine: Sendable {
     public var trackedPeople: Int { people.count }
 
     public mutating func handle(_ input: Input) -> [Action] {
-        defer { if people.count > capacity { forgetIdlePeople() } }
+        defer {
+            inputsSinceSweep += 1
+            if people.count > capacity, inputsSinceSweep >= max(1, capacity / 10) { forgetIdlePeople() }
+        }
         switch input {
         case .signedIn(let uid, let isNewAccount):
             if isNewAccount, people[uid] == nil {
@@ -220,6 +227,7 @@ public struct OnboardingStateMachine: Sendable {
             people[uid] = nil
             if people.count <= target { break }
         }
+        inputsSinceSweep = 0
     }
 
     private mutating func startCheck(uid: String, reason: RouteIntent.Reason, waiter: WaiterID?) -> [Action] {

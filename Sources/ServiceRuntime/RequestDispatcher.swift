@@ -69,13 +69,24 @@ public struct RequestDispatcher: Sendable {
         self.logger = logger
     }
 
+    /// Says loudly, once at start, when service-only requests are open to anyone.
+    func warnIfTrustingEveryone() {
+        guard hasServiceRoutes, serviceToken == nil else { return }
+        logger.warning("\(source) has no service token: requests meant for our own services are accepted from anyone. Only for tests in one process.")
+    }
+
     /// Adds the handler for requests of type `Request.type`.
+    /// Whether any route takes requests from our own services.
+    private var hasServiceRoutes = false
+
     public mutating func on<Request: APIRequest>(
         _: Request.Type,
         access: Access,
         attachment: AttachmentRule = .none,
         _ handler: @escaping @Sendable (Request, RequestContext) async throws -> Request.Response
     ) {
+        if case .service = access { hasServiceRoutes = true }
+        if case .sessionOrService = access { hasServiceRoutes = true }
         let source = self.source
         let sessions = self.sessions
         let serviceToken = self.serviceToken

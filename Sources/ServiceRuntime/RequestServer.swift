@@ -36,6 +36,7 @@ public struct RequestServer: Service {
     public func run() async throws {
         let requests = try await bus.serve(at: endpoint, limits: limits)
         logger.info("\(dispatcher.source) answers requests at \(endpoint)")
+        dispatcher.warnIfTrustingEveryone()
         let (bus, dispatcher, source) = (self.bus, self.dispatcher, self.dispatcher.source)
         let work = InFlight(limit: maxInFlight)
         do {
@@ -48,6 +49,8 @@ public struct RequestServer: Service {
                         throw Drained()
                     }
                     group.addTask {
+                        // Cancelled (not shut down gracefully): admit nothing more either.
+                        await withTaskCancellationHandler {
                         await withDiscardingTaskGroup { handlers in
                             for await request in requests {
                                 guard await work.acquire() else {
@@ -62,6 +65,9 @@ public struct RequestServer: Service {
                                 }
                             }
                             // The stream ended (the bus is shutting down): finish what is in flight.
+                            work.beginDraining()
+                        }
+                        } onCancel: {
                             work.beginDraining()
                         }
                     }

@@ -16,7 +16,7 @@ public struct CommonServiceOptions: ParsableArguments {
 
     @Option(
         name: .long,
-        help: "The secret our services share for calls between them. Env: ONBOARDING_SERVICE_TOKEN. Default: read from <data-dir>/service.token, which is created on first use.")
+        help: "The secret our services share for calls between them. Env: ONBOARDING_SERVICE_TOKEN. Default: read from <data-dir>/service.token, which is created on first use. Prefer the file or the variable: other local users can see command lines.")
     public var serviceToken: String?
 
     public init() {}
@@ -68,17 +68,19 @@ public enum ServiceHost {
             await bus.shutdown()
             throw error
         }
-        let group = ServiceGroup(
-            configuration: .init(
-                // A group shuts its services down last to first: the bus comes first so that it
-                // stops last, after every service has finished what it had in flight.
-                services: [.init(service: bus)]
-                    + services.map {
-                        .init(service: $0, successTerminationBehavior: .gracefullyShutdownGroup,
-                              failureTerminationBehavior: .gracefullyShutdownGroup)
-                    },
-                gracefulShutdownSignals: [.sigterm, .sigint],
-                logger: logger))
+        var configuration = ServiceGroupConfiguration(
+            // A group shuts its services down last to first: the bus comes first so that it
+            // stops last, after every service has finished what it had in flight.
+            services: [.init(service: bus)]
+                + services.map {
+                    .init(service: $0, successTerminationBehavior: .gracefullyShutdownGroup,
+                          failureTerminationBehavior: .gracefullyShutdownGroup)
+                },
+            gracefulShutdownSignals: [.sigterm, .sigint],
+            logger: logger)
+        // A drain that outlasts this is cancelled rather than left to hang the process.
+        configuration.maximumGracefulShutdownDuration = .seconds(10)
+        let group = ServiceGroup(configuration: configuration)
         logger.info("\(name) started (pid \(ProcessInfo.processInfo.processIdentifier))")
         try await group.run()
         logger.info("\(name) stopped")
@@ -104,8 +106,16 @@ public struct ServiceTokenFile: Sendable {
         var generator = SystemRandomNumberGenerator()
         for index in bytes.indices { bytes[index] = generator.next() }
         let token = bytes.map { String(format: "%02x", $0) }.joined()
-        let temporary = path + ".\(ProcessInfo.processInfo.processIdentifier).tmp"
-        guard FileManager.default.createFile(atPath: temporary, contents: Data(token.utf8), attributes: [.posixPermissions: 0o600]) else {
+        let temporary = path + ".\(UUID().uuidString).tmp"
+        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_EXCL, 0o600)
+        guard descriptor >= 0 else {
+            throw ServiceError(.storeUnavailable, "Could not write \(temporary); check that the data directory is writable.")
+        }
+        let written = Array(token.utf8).withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+        let synced = fsync(descriptor) == 0
+        close(descriptor)
+        guard written == token.utf8.count, synced else {
+            unlink(temporary)
             throw ServiceError(.storeUnavailable, "Could not write \(temporary); check that the data directory is writable.")
         }
         // link(2) fails if the token file appeared meanwhile: then the other process's wins.

@@ -142,6 +142,19 @@ struct OnboardingStateMachineTests {
         #expect(machine.people[busy]?.check != nil, "a pending check is never forgotten")
     }
 
+    @Test("when everyone has work under way, inputs stay cheap: the sweep waits instead of rescanning")
+    func sweepIsAmortized() {
+        var machine = Machine(capacity: 1_000)
+        // Returning people whose checks are all pending: nobody can be forgotten.
+        for index in 0..<20_000 { _ = machine.handle(.signedIn(uid: "busy-\(index)", isNewAccount: false)) }
+        #expect(machine.trackedPeople == 20_000, "work under way is never dropped")
+        // Finishing the checks makes them idle; the next sweep brings the table back down.
+        for index in 0..<20_000 {
+            _ = machine.handle(.profileChecked(uid: "busy-\(index)", check: Machine.CheckID(index + 1), exists: true))
+        }
+        #expect(machine.trackedPeople <= 1_000)
+    }
+
     @Test("a created profile dismisses the set-up once, however often it is reported")
     func profileCreatedDismissesOnce() {
         var machine = Machine()
