@@ -59,9 +59,4 @@ public final class Outbox: Sendable {
         }
         return sequence
     }
-
-    /// The newest sequence number written, or 0.
-    public static func lastSequence(_ db: Database) throws -> UInt64 {
-        try UInt64.fetchOne(db, sql: "SELECT seq FROM sqlite_sequence WHERE name = 'outbox'") ?? 0
-    }
 }

@@ -75,6 +75,8 @@ public func withCheckpoints<T: Sendable>(
             if walSize > walLimit {
                 _ = try await connection.writeWithoutTransaction { try $0.checkpoint(.truncate) }
             }
+        } catch is CancellationError {
+            // Stopping: SQLite checkpoints once more when the last connection closes.
         } catch {
             logger.error("checkpoint of \(path) failed: \(error); the write-ahead log keeps growing until one succeeds")
         }
@@ -85,7 +87,6 @@ public func withCheckpoints<T: Sendable>(
                 await checkpoint()
             }
         }
-        defer { group.cancelAll() }
         let result = try await body()
         group.cancelAll()
         await checkpoint()
