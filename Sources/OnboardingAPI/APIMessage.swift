@@ -39,12 +39,18 @@ public struct HealthStatus: Codable, Sendable, Hashable {
     public var status: String
     public var startedAt: String
     public var statistics: BusStatistics
+    /// How the service follows other services' events (absent when it follows none).
+    public var feeds: [FeedStatistics]?
 
-    public init(service: String, status: String = "ok", startedAt: String, statistics: BusStatistics) {
+    public init(
+        service: String, status: String = "ok", startedAt: String, statistics: BusStatistics,
+        feeds: [FeedStatistics]? = nil
+    ) {
         self.service = service
         self.status = status
         self.startedAt = startedAt
         self.statistics = statistics
+        self.feeds = feeds
     }
 }
 
@@ -186,10 +192,15 @@ public struct CreateProfile: APIRequest {
 
     public var username: String
     public var imagePath: String?
+    /// Makes a retried create safe: a create that repeats the key of the request that created
+    /// the person's profile is answered with that profile instead of `profileExists`.
+    /// See ``IdempotencyKey``.
+    public var idempotencyKey: String?
 
-    public init(username: String, imagePath: String? = nil) {
+    public init(username: String, imagePath: String? = nil, idempotencyKey: String? = nil) {
         self.username = username
         self.imagePath = imagePath
+        self.idempotencyKey = idempotencyKey
     }
 }
 
@@ -301,7 +312,14 @@ public struct UploadImage: APIRequest {
 
     /// What the sender says the bytes are. Informational only: the bytes decide.
     public var contentType: String?
-    public init(contentType: String? = nil) { self.contentType = contentType }
+    /// Makes a retried upload safe: an upload that repeats a key this person has used is
+    /// answered with the image stored the first time, and stores nothing new. See ``IdempotencyKey``.
+    public var idempotencyKey: String?
+
+    public init(contentType: String? = nil, idempotencyKey: String? = nil) {
+        self.contentType = contentType
+        self.idempotencyKey = idempotencyKey
+    }
 }
 
 public struct StoredImage: Codable, Sendable, Hashable {
@@ -326,11 +344,15 @@ public struct DeleteImage: APIRequest {
     public init(path: String) { self.path = path }
 }
 
-/// `image.deleteAll`: every image of the envelope's `uid`.
+/// `image.deleteAll`: every image of the envelope's `uid`, except `keep`.
 public struct DeleteAllImages: APIRequest {
     public typealias Response = DeletedImages
     public static let type = "image.deleteAll"
-    public init() {}
+
+    /// A path (`<uid>/<file>`) to leave in place: the image the person's profile points at,
+    /// when stray images of an unfinished set-up are removed.
+    public var keep: String?
+    public init(keep: String? = nil) { self.keep = keep }
 }
 
 public struct DeletedImages: Codable, Sendable, Hashable {
@@ -370,10 +392,15 @@ public struct SetUpProfile: APIRequest {
     public var username: String
     /// What the sender says the image is. Informational only: the bytes decide.
     public var contentType: String?
+    /// Makes a retried set-up safe: one that repeats the key of the set-up that created the
+    /// profile is answered with that profile. Use a new key for each set-up the person confirms,
+    /// and the same key when resending after a timeout. See ``IdempotencyKey``.
+    public var idempotencyKey: String?
 
-    public init(username: String, contentType: String? = nil) {
+    public init(username: String, contentType: String? = nil, idempotencyKey: String? = nil) {
         self.username = username
         self.contentType = contentType
+        self.idempotencyKey = idempotencyKey
     }
 }
 
