@@ -11,11 +11,18 @@ import OnboardingAPI
 ///   can exist for it yet, and `presentProfileSetup` goes out at once (the hot path of sign-up).
 /// - profile created → `dismiss` (once, however many times it is reported); profile deleted
 ///   while the account stays → `presentProfileSetup`.
-/// - signed out → forget the person and clear their cached profile; withdrawn → delete the
-///   profile and every image, retrying each until it is done.
+/// - signed out → forget what is known of the profile and clear the cached copy; withdrawn →
+///   delete the profile and every image, retrying each until it is done. A withdrawn person is
+///   remembered (uids are never reused): a profile that a set-up racing the withdrawal creates
+///   afterwards is cleaned up too, and nothing is ever emitted to them again.
 ///
 /// A check's answer that arrives after a profile event has overtaken it is ignored, so a stale
 /// "no profile" can never follow a `dismiss`.
+///
+/// **Durability.** What must outlive a crash is ``PersistedPerson``: the machine records the
+/// state of every person an input touched, and the orchestrator takes those records with
+/// ``takeChanges()`` and stores them in the same transaction as the input's other effects. After
+/// a restart ``restore(uid:_:)`` puts a stored person back and resumes their unfinished work.
 public struct OnboardingStateMachine: Sendable {
     public typealias CheckID = UInt64
     public typealias WaiterID = UInt64
@@ -81,8 +88,36 @@ public struct OnboardingStateMachine: Sendable {
     struct Person: Sendable, Hashable {
         var profile: ProfileKnowledge = .unknown
         var check: PendingCheck?
-        /// Clean-up steps still to finish, once the person has withdrawn.
-        var cleanup: [CleanupStep: Int]?
+        var withdrawn = false
+        /// Clean-up steps still to finish after a withdrawal, with their attempts so far.
+        var cleanup: [CleanupStep: Int] = [:]
+    }
+
+    /// What the orchestrator stores of a person: enough to resume their unfinished work and to
+    /// never emit a second `dismiss` for one profile.
+    public struct PersistedPerson: Sendable, Hashable {
+        public var profile: ProfileKnowledge
+        /// Why a profile check is under way, when one is.
+        public var pendingCheck: RouteIntent.Reason?
+        public var withdrawn: Bool
+        /// Clean-up steps not yet done.
+        public var cleanup: Set<CleanupStep>
+
+        public init(
+            profile: ProfileKnowledge = .unknown, pendingCheck: RouteIntent.Reason? = nil, withdrawn: Bool = false,
+            cleanup: Set<CleanupStep> = []
+        ) {
+            self.profile = profile
+            self.pendingCheck = pendingCheck
+            self.withdrawn = withdrawn
+            self.cleanup = cleanup
+        }
+
+        init(_ person: Person) {
+            self.init(
+                profile: person.profile, pendingCheck: person.check?.reason, withdrawn: person.withdrawn,
+                cleanup: Set(person.cleanup.keys))
+        }
     }
 
     public var retryPolicy: RetryPolicy
@@ -95,6 +130,8 @@ public struct OnboardingStateMachine: Sendable {
     /// in inputs, so one that cannot free enough (everyone has work under way) is not redone
     /// on every input.
     private var inputsSinceSweep = 0
+    /// The state of every person touched since the last ``takeChanges()``.
+    private var changes: [String: PersistedPerson] = [:]
 
     public init(retryPolicy: RetryPolicy = RetryPolicy(), capacity: Int = 100_000) {
         self.retryPolicy = retryPolicy
@@ -109,8 +146,36 @@ public struct OnboardingStateMachine: Sendable {
     /// How many people the machine holds state for.
     public var trackedPeople: Int { people.count }
 
+    /// Whether the machine holds state for `uid` (if not, the orchestrator restores what it
+    /// stored before handing it an input about them).
+    public func isTracking(_ uid: String) -> Bool { people[uid] != nil }
+
+    /// The people touched since the last call, as they now are, to be stored.
+    public mutating func takeChanges() -> [String: PersistedPerson] {
+        defer { changes = [:] }
+        return changes
+    }
+
+    /// Puts a stored person back, and resumes the work they had under way: a profile check
+    /// (asked again) and the clean-up steps of a withdrawal.
+    public mutating func restore(uid: String, _ stored: PersistedPerson) -> [Action] {
+        var person = Person(profile: stored.profile, withdrawn: stored.withdrawn)
+        var actions: [Action] = []
+        if stored.withdrawn {
+            person.cleanup = Dictionary(uniqueKeysWithValues: stored.cleanup.map { ($0, 0) })
+            actions = CleanupStep.allCases.filter(stored.cleanup.contains).map { .cleanUp(uid: uid, step: $0) }
+        } else if let reason = stored.pendingCheck {
+            nextCheckID += 1
+            person.check = PendingCheck(id: nextCheckID, attempt: 1, reason: reason, waiters: [])
+            actions = [.checkProfile(uid: uid, check: nextCheckID)]
+        }
+        people[uid] = person
+        return actions
+    }
+
     public mutating func handle(_ input: Input) -> [Action] {
         defer {
+            if let person = people[input.uid] { changes[input.uid] = PersistedPerson(person) }
             inputsSinceSweep += 1
             if people.count > capacity, inputsSinceSweep >= max(1, capacity / 10) { forgetIdlePeople() }
         }
@@ -154,7 +219,14 @@ public struct OnboardingStateMachine: Sendable {
             return [.checkProfile(uid: uid, check: check)]
 
         case .profileCreated(let uid):
-            guard var person = people[uid] ?? Person?.some(Person()), person.cleanup == nil else { return [] }
+            var person = people[uid] ?? Person()
+            if person.withdrawn {
+                // A set-up that raced the withdrawal created it after the clean-up: clean up again.
+                let steps = CleanupStep.allCases.filter { person.cleanup[$0] == nil }
+                for step in steps { person.cleanup[step] = 0 }
+                people[uid] = person
+                return steps.map { .cleanUp(uid: uid, step: $0) }
+            }
             let wasPresent = person.profile == .present
             let waiters = person.check?.waiters ?? []
             person.profile = .present
@@ -165,7 +237,7 @@ public struct OnboardingStateMachine: Sendable {
                 + waiters.map { .answer(waiter: $0, status) }
 
         case .profileDeleted(let uid, let reason):
-            guard reason == .request, var person = people[uid] ?? Person?.some(Person()), person.cleanup == nil else {
+            guard reason == .request, var person = people[uid] ?? Person?.some(Person()), !person.withdrawn else {
                 return []
             }
             let waiters = person.check?.waiters ?? []
@@ -177,39 +249,39 @@ public struct OnboardingStateMachine: Sendable {
                 + waiters.map { .answer(waiter: $0, status) }
 
         case .signedOut(let uid):
-            let person = people[uid]
-            if person?.cleanup == nil { people[uid] = nil }
+            guard var person = people[uid] else { return [.evictProfileCache(uid: uid)] }
+            let waiters = person.check?.waiters ?? []
+            if !person.withdrawn {
+                // Forget what was known, as the cache does; the next sign-in asks again.
+                person.profile = .unknown
+                person.check = nil
+                people[uid] = person
+            }
             let failure = ServiceError(.unauthenticated, "You have signed out; sign in again.")
-            return (person?.check?.waiters ?? []).map { .answerFailure(waiter: $0, failure) }
-                + [.evictProfileCache(uid: uid)]
+            return waiters.map { .answerFailure(waiter: $0, failure) } + [.evictProfileCache(uid: uid)]
 
         case .withdrawn(let uid):
             let person = people[uid]
-            guard person?.cleanup == nil else { return [] }
-            people[uid] = Person(profile: .unknown, check: nil, cleanup: [.deleteProfile: 0, .deleteImages: 0])
+            guard person?.withdrawn != true else { return [] }
+            people[uid] = Person(profile: .unknown, check: nil, withdrawn: true, cleanup: [.deleteProfile: 0, .deleteImages: 0])
             let failure = ServiceError(.unauthenticated, "This account has been withdrawn.")
             return (person?.check?.waiters ?? []).map { .answerFailure(waiter: $0, failure) }
                 + CleanupStep.allCases.map { .cleanUp(uid: uid, step: $0) }
 
         case .cleanupFinished(let uid, let step):
-            guard var person = people[uid], var cleanup = person.cleanup, cleanup[step] != nil else { return [] }
-            cleanup[step] = nil
-            if cleanup.isEmpty {
-                people[uid] = nil
-            } else {
-                person.cleanup = cleanup
-                people[uid] = person
-            }
+            guard var person = people[uid], person.cleanup[step] != nil else { return [] }
+            person.cleanup[step] = nil
+            people[uid] = person
             return []
 
         case .cleanupFailed(let uid, let step, let error):
-            guard var person = people[uid], let attempts = person.cleanup?[step] else { return [] }
-            person.cleanup?[step] = attempts + 1
+            guard var person = people[uid], let attempts = person.cleanup[step] else { return [] }
+            person.cleanup[step] = attempts + 1
             people[uid] = person
             return [.retryCleanup(uid: uid, step: step, delay: retryPolicy.delay(attempt: attempts), attempt: attempts + 1, error: error)]
 
         case .cleanupRetryDue(let uid, let step):
-            guard people[uid]?.cleanup?[step] != nil else { return [] }
+            guard people[uid]?.cleanup[step] != nil else { return [] }
             return [.cleanUp(uid: uid, step: step)]
         }
     }
@@ -223,7 +295,7 @@ public struct OnboardingStateMachine: Sendable {
     /// Forgets people with nothing under way until a tenth of the capacity is free.
     private mutating func forgetIdlePeople() {
         let target = capacity - capacity / 10
-        for (uid, person) in people where person.check == nil && person.cleanup == nil {
+        for (uid, person) in people where person.check == nil && person.cleanup.isEmpty {
             people[uid] = nil
             if people.count <= target { break }
         }
@@ -232,7 +304,7 @@ public struct OnboardingStateMachine: Sendable {
 
     private mutating func startCheck(uid: String, reason: RouteIntent.Reason, waiter: WaiterID?) -> [Action] {
         var person = people[uid] ?? Person()
-        if person.cleanup != nil {
+        if person.withdrawn {
             return waiter.map { [.answerFailure(waiter: $0, ServiceError(.unauthenticated, "This account has been withdrawn."))] } ?? []
         }
         if var pending = person.check {
@@ -252,6 +324,19 @@ public struct OnboardingStateMachine: Sendable {
         person.check = PendingCheck(id: nextCheckID, attempt: 1, reason: reason, waiters: waiter.map { [$0] } ?? [])
         people[uid] = person
         return [.checkProfile(uid: uid, check: nextCheckID)]
+    }
+}
+
+extension OnboardingStateMachine.Input {
+    /// The person the input is about.
+    public var uid: String {
+        switch self {
+        case .signedIn(let uid, _), .checkRequested(let uid, _), .profileChecked(let uid, _, _),
+            .profileCheckFailed(let uid, _, _), .checkRetryDue(let uid, _), .profileCreated(let uid),
+            .profileDeleted(let uid, _), .signedOut(let uid), .withdrawn(let uid), .cleanupFinished(let uid, _),
+            .cleanupFailed(let uid, _, _), .cleanupRetryDue(let uid, _):
+            return uid
+        }
     }
 }
 

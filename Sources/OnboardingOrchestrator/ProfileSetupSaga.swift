@@ -5,17 +5,27 @@ import OnboardingAPI
 /// profile, and undo the upload when the profile was not created.
 ///
 /// ``OnboardingOrchestrator`` performs each ``Step`` and reports its ``Outcome``; the saga says
-/// what comes next, until ``Step/succeed(_:)`` or ``Step/fail(_:)``.
+/// what comes next, until ``Step/succeed(_:)`` or ``Step/fail(_:settled:)``.
+///
+/// Both calls carry the set-up's idempotency key, so repeating either does the work once. When a
+/// call's outcome is unknown (it timed out), the saga looks at the profile before deciding: a
+/// profile with this username means the set-up went through; otherwise every image of the
+/// person except the one a profile points at is removed, since a person without a finished
+/// set-up has no other use for one.
 public struct ProfileSetupSaga: Sendable {
     public enum Step: Sendable, Hashable {
         case uploadImage
         case createProfile(username: String, imagePath: String?)
-        /// The create call's outcome is unknown (it timed out): look before undoing anything.
+        /// An outcome is unknown (a call timed out): look before undoing anything.
         case lookUpProfile
-        /// Compensation: remove an image whose profile was never created, then fail with `error`.
+        /// Compensation: remove the image whose profile was not created.
         case deleteImage(path: String)
+        /// Compensation when the uploaded path is unknown: remove the person's images but `keep`.
+        case deleteStrayImages(keep: String?)
         case succeed(Profile)
-        case fail(ServiceError)
+        /// The set-up failed with `error`. `settled`: nothing it stored is left behind; when
+        /// `false`, the orchestrator keeps the set-up on record and finishes the clean-up later.
+        case fail(ServiceError, settled: Bool)
     }
 
     public enum Outcome: Sendable, Hashable {
@@ -25,7 +35,7 @@ public struct ProfileSetupSaga: Sendable {
         case createFailed(ServiceError)
         case lookedUp(Profile?)
         case lookUpFailed(ServiceError)
-        case imageDeleted
+        case imagesDeleted
         case imageDeleteFailed(ServiceError)
     }
 
@@ -41,7 +51,7 @@ public struct ProfileSetupSaga: Sendable {
 
     /// The first step. A username with a format problem fails here, before anything is uploaded.
     public func start() -> Step {
-        if let problem = UsernameRules.formatProblem(username) { return .fail(.username(problem)) }
+        if let problem = UsernameRules.formatProblem(username) { return .fail(.username(problem), settled: true) }
         return hasImage ? .uploadImage : .createProfile(username: username, imagePath: nil)
     }
 
@@ -50,31 +60,39 @@ public struct ProfileSetupSaga: Sendable {
         case .uploaded(let path):
             imagePath = path
             return .createProfile(username: username, imagePath: path)
+        case .uploadFailed(let error) where Self.outcomeUnknown(error):
+            failure = error
+            return .lookUpProfile
         case .uploadFailed(let error):
-            return .fail(error)
+            return .fail(error, settled: true)
         case .created(let profile):
             return .succeed(profile)
-        case .createFailed(let error) where error.code == .timeout:
+        case .createFailed(let error) where Self.outcomeUnknown(error):
             failure = error
             return .lookUpProfile
         case .createFailed(let error):
-            return compensate(error)
-        case .lookedUp(let profile?) where profile.username == username && profile.imagePath == imagePath:
+            failure = error
+            if let imagePath { return .deleteImage(path: imagePath) }
+            return .fail(error, settled: true)
+        case .lookedUp(let profile?) where profile.username == username:
             return .succeed(profile)
-        case .lookedUp:
-            return compensate(failure ?? ServiceError(.internalError, "The profile was not created."))
+        case .lookedUp(let profile):
+            return .deleteStrayImages(keep: profile?.imagePath)
         case .lookUpFailed:
             // Whether the profile exists is unknown: keep the image rather than risk a profile
-            // that points at nothing.
-            return .fail(failure ?? ServiceError(.internalError, "The profile was not created."))
-        case .imageDeleted, .imageDeleteFailed:
-            return .fail(failure ?? ServiceError(.internalError, "The profile was not created."))
+            // that points at nothing; the orchestrator settles it later.
+            return .fail(reported, settled: false)
+        case .imagesDeleted:
+            return .fail(reported, settled: true)
+        case .imageDeleteFailed:
+            return .fail(reported, settled: false)
         }
     }
 
-    private mutating func compensate(_ error: ServiceError) -> Step {
-        failure = error
-        if let imagePath { return .deleteImage(path: imagePath) }
-        return .fail(error)
+    private var reported: ServiceError { failure ?? ServiceError(.internalError, "The profile was not created.") }
+
+    /// Whether a call that failed with `error` may still have done its work.
+    static func outcomeUnknown(_ error: ServiceError) -> Bool {
+        error.code == .timeout || error.code == .internalError
     }
 }

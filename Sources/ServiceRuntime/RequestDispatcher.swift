@@ -56,6 +56,8 @@ public struct RequestDispatcher: Sendable {
     private let logger: Logger
     private var handlers: [String: Handler] = [:]
     private let startedAt = Timestamp.now()
+    /// How the service follows other services' events, for `health` replies.
+    public var feedStatistics: (@Sendable () -> [FeedStatistics])?
 
     /// - Parameters:
     ///   - sessions: verifies session tokens; required when any route uses ``Access/session`` or
@@ -161,7 +163,8 @@ public struct RequestDispatcher: Sendable {
             }
             request.reply(
                 type: HealthCheck.replyType, source: source,
-                payload: HealthStatus(service: source, startedAt: startedAt, statistics: statistics()))
+                payload: HealthStatus(
+                    service: source, startedAt: startedAt, statistics: statistics(), feeds: feedStatistics?()))
             return
         }
         guard let handler = handlers[type] else {

@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 import Logging
 import Messaging
 import OnboardingAPI
@@ -27,6 +28,8 @@ struct OrchestratorCommand: AsyncParsableCommand {
     var imageRpc: String?
     @Option(help: "The largest image accepted. Env: ONBOARDING_MAX_IMAGE_BYTES. Default: \(Defaults.maxImageBytes)")
     var maxImageBytes: Int?
+    @Option(help: "The orchestrator's SQLite database. Env: ONBOARDING_ORCHESTRATOR_DATABASE. Default: <data-dir>/orchestrator.sqlite")
+    var database: String?
     @OptionGroup var common: CommonServiceOptions
 
     func run() async throws {
@@ -40,10 +43,12 @@ struct OrchestratorCommand: AsyncParsableCommand {
             profileRPC: Settings.endpoint(profileRpc, env: "ONBOARDING_PROFILE_RPC", default: Defaults.profileRPC),
             profileEvents: Settings.endpoint(profileEvents, env: "ONBOARDING_PROFILE_EVENTS", default: Defaults.profileEvents),
             imageRPC: Settings.endpoint(imageRpc, env: "ONBOARDING_IMAGE_RPC", default: Defaults.imageRPC),
+            databasePath: database ?? Settings.environment("ONBOARDING_ORCHESTRATOR_DATABASE")
+                ?? URL(fileURLWithPath: common.dataDirectory).appendingPathComponent("orchestrator.sqlite").path,
             maxImageBytes: try Settings.imageLimit(maxImageBytes),
             serviceToken: try common.resolvedServiceToken())
         try await ServiceHost.run(name: ServiceName.orchestrator, logger: logger) { bus in
-            [OnboardingOrchestrator(configuration: configuration, bus: bus, logger: logger)]
+            [try OnboardingOrchestrator(configuration: configuration, bus: bus, logger: logger)]
         }
     }
 }

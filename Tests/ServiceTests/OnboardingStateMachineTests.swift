@@ -182,12 +182,13 @@ struct OnboardingStateMachineTests {
         #expect(machine.handle(.profileCreated(uid: uid)) == [.emit(.dismiss, uid: uid, reason: .profileCreated)])
     }
 
-    @Test("signing out clears the cached profile and forgets the person")
+    @Test("signing out clears the cached profile and forgets what was known of it")
     func signedOut() {
         var machine = Machine()
         _ = machine.handle(.profileCreated(uid: uid))
         #expect(machine.handle(.signedOut(uid: uid)) == [.evictProfileCache(uid: uid)])
-        #expect(machine.trackedPeople == 0)
+        #expect(machine.profileKnowledge(of: uid) == .unknown)
+        #expect(machine.handle(.signedIn(uid: uid, isNewAccount: false)).first == .checkProfile(uid: uid, check: 1))
     }
 
     @Test("withdrawal deletes the profile and the images, retrying each until done")
@@ -200,9 +201,42 @@ struct OnboardingStateMachineTests {
             == [.retryCleanup(uid: uid, step: .deleteImages, delay: .milliseconds(10), attempt: 1, error: failure)])
         #expect(machine.handle(.cleanupRetryDue(uid: uid, step: .deleteImages)) == [.cleanUp(uid: uid, step: .deleteImages)])
         #expect(machine.handle(.cleanupFinished(uid: uid, step: .deleteProfile)).isEmpty)
-        #expect(machine.trackedPeople == 1)
+        #expect(machine.takeChanges()[uid]?.cleanup == [.deleteImages])
         #expect(machine.handle(.cleanupFinished(uid: uid, step: .deleteImages)).isEmpty)
-        #expect(machine.trackedPeople == 0)
+        #expect(machine.takeChanges()[uid] == .init(profile: .unknown, withdrawn: true, cleanup: []))
+    }
+
+    @Test("a profile that a set-up racing the withdrawal creates afterwards is cleaned up too")
+    func lateProfileOfWithdrawnPerson() {
+        var machine = Machine()
+        _ = machine.handle(.withdrawn(uid: uid))
+        _ = machine.handle(.cleanupFinished(uid: uid, step: .deleteProfile))
+        _ = machine.handle(.cleanupFinished(uid: uid, step: .deleteImages))
+        #expect(machine.handle(.profileCreated(uid: uid))
+            == [.cleanUp(uid: uid, step: .deleteProfile), .cleanUp(uid: uid, step: .deleteImages)])
+        #expect(machine.handle(.profileCreated(uid: uid)).isEmpty, "clean-up already under way")
+    }
+
+    @Test("what is stored of a person restores it after a restart, resuming its work")
+    func restore() {
+        var machine = Machine()
+        let check = signIn(&machine)
+        _ = machine.handle(.profileCheckFailed(uid: uid, check: check, error: failure))
+        let stored = machine.takeChanges()
+        #expect(stored[uid] == .init(profile: .unknown, pendingCheck: .signedIn))
+        var restarted = Machine()
+        #expect(restarted.restore(uid: uid, stored[uid]!) == [.checkProfile(uid: uid, check: 1)])
+        #expect(restarted.handle(.profileChecked(uid: uid, check: 1, exists: false))
+            == [.emit(.presentProfileSetup, uid: uid, reason: .signedIn)])
+
+        var withdrawing = Machine()
+        #expect(withdrawing.restore(uid: uid, .init(withdrawn: true, cleanup: [.deleteImages]))
+            == [.cleanUp(uid: uid, step: .deleteImages)])
+        #expect(withdrawing.handle(.signedIn(uid: uid, isNewAccount: false)).isEmpty, "a withdrawn person gets nothing")
+
+        var dismissed = Machine()
+        _ = dismissed.restore(uid: uid, .init(profile: .present))
+        #expect(dismissed.handle(.profileCreated(uid: uid)).isEmpty, "dismiss went out before the restart")
     }
 
     @Test("the profile deletion that a withdrawal causes asks for no set-up")
@@ -228,10 +262,11 @@ struct OnboardingStateMachineTests {
 @Suite("Setting up a profile")
 struct ProfileSetupSagaTests {
     let profile = Profile(uid: "u", username: "mina", imagePath: "u/a.png", createdAt: "t", updatedAt: "t")
+    let slow = ServiceError(.timeout, "slow")
 
     @Test("a username with a format problem fails before anything is uploaded")
     func invalidUsername() {
-        #expect(ProfileSetupSaga(username: "a", hasImage: true).start() == .fail(.username(.tooShort)))
+        #expect(ProfileSetupSaga(username: "a", hasImage: true).start() == .fail(.username(.tooShort), settled: true))
     }
 
     @Test("without an image the profile is created straight away")
@@ -256,7 +291,16 @@ struct ProfileSetupSagaTests {
         _ = saga.start()
         _ = saga.next(after: .uploaded(path: "u/a.png"))
         #expect(saga.next(after: .createFailed(.username(.duplicated))) == .deleteImage(path: "u/a.png"))
-        #expect(saga.next(after: .imageDeleted) == .fail(.username(.duplicated)))
+        #expect(saga.next(after: .imagesDeleted) == .fail(.username(.duplicated), settled: true))
+    }
+
+    @Test("an image that could not be removed leaves the set-up on record, to be settled later")
+    func compensationFails() {
+        var saga = ProfileSetupSaga(username: "mina", hasImage: true)
+        _ = saga.start()
+        _ = saga.next(after: .uploaded(path: "u/a.png"))
+        _ = saga.next(after: .createFailed(.username(.duplicated)))
+        #expect(saga.next(after: .imageDeleteFailed(slow)) == .fail(.username(.duplicated), settled: false))
     }
 
     @Test("a create that timed out is looked up before anything is undone")
@@ -264,21 +308,37 @@ struct ProfileSetupSagaTests {
         var saga = ProfileSetupSaga(username: "mina", hasImage: true)
         _ = saga.start()
         _ = saga.next(after: .uploaded(path: "u/a.png"))
-        #expect(saga.next(after: .createFailed(ServiceError(.timeout, "slow"))) == .lookUpProfile)
+        #expect(saga.next(after: .createFailed(slow)) == .lookUpProfile)
         #expect(saga.next(after: .lookedUp(profile)) == .succeed(profile))
 
         var missing = ProfileSetupSaga(username: "mina", hasImage: true)
         _ = missing.start()
         _ = missing.next(after: .uploaded(path: "u/a.png"))
-        _ = missing.next(after: .createFailed(ServiceError(.timeout, "slow")))
-        #expect(missing.next(after: .lookedUp(nil)) == .deleteImage(path: "u/a.png"))
+        _ = missing.next(after: .createFailed(slow))
+        #expect(missing.next(after: .lookedUp(nil)) == .deleteStrayImages(keep: nil))
+        #expect(missing.next(after: .imagesDeleted) == .fail(slow, settled: true))
+
+        var unknown = ProfileSetupSaga(username: "mina", hasImage: true)
+        _ = unknown.start()
+        _ = unknown.next(after: .uploaded(path: "u/a.png"))
+        _ = unknown.next(after: .createFailed(slow))
+        #expect(unknown.next(after: .lookUpFailed(slow)) == .fail(slow, settled: false), "unknown: keep it on record")
     }
 
-    @Test("a failed upload fails the set-up with the uploader's reason")
+    @Test("an upload that timed out may have stored the image: strays are removed, the profile's image kept")
+    func uploadTimeout() {
+        var saga = ProfileSetupSaga(username: "mina", hasImage: true)
+        _ = saga.start()
+        #expect(saga.next(after: .uploadFailed(slow)) == .lookUpProfile)
+        let someoneElses = Profile(uid: "u", username: "other", imagePath: "u/b.png", createdAt: "t", updatedAt: "t")
+        #expect(saga.next(after: .lookedUp(someoneElses)) == .deleteStrayImages(keep: "u/b.png"))
+    }
+
+    @Test("a refused upload fails the set-up with the uploader's reason; nothing was stored")
     func uploadFailure() {
         var saga = ProfileSetupSaga(username: "mina", hasImage: true)
         _ = saga.start()
         let refused = ServiceError(.imageRejected, "not an image", reason: "unsupportedType")
-        #expect(saga.next(after: .uploadFailed(refused)) == .fail(refused))
+        #expect(saga.next(after: .uploadFailed(refused)) == .fail(refused, settled: true))
     }
 }

@@ -43,7 +43,7 @@ struct InProcessSystem {
             try ImageUploadService(
                 configuration: .init(rpc: e.imageRPC, directory: imagesRoot.path, serviceToken: Self.serviceToken),
                 bus: bus, logger: logger),
-            OnboardingOrchestrator(
+            try OnboardingOrchestrator(
                 configuration: .init(
                     rpc: e.orchestratorRPC, routes: e.routes, authRPC: e.authRPC, authEvents: e.authEvents,
                     profileRPC: e.profileRPC, profileEvents: e.profileEvents, imageRPC: e.imageRPC,
@@ -73,7 +73,7 @@ struct InProcessSystemTests {
         var logger = Logger(label: "shutdown-test")
         logger.logLevel = .critical
         let auth = try AuthService(configuration: .init(rpc: e.authRPC, events: e.authEvents, databasePath: nil, devMode: true), bus: bus, logger: logger)
-        let orchestrator = OnboardingOrchestrator(
+        let orchestrator = try OnboardingOrchestrator(
             configuration: .init(
                 rpc: e.orchestratorRPC, routes: e.routes, authRPC: e.authRPC, authEvents: e.authEvents,
                 profileRPC: e.profileRPC, profileEvents: e.profileEvents, imageRPC: e.imageRPC,
@@ -146,7 +146,7 @@ struct InProcessSystemTests {
         logger.logLevel = .critical
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("onboarding-\(UUID().uuidString)")
         let auth = try AuthService(configuration: .init(rpc: e.authRPC, events: e.authEvents, databasePath: nil, devMode: true), bus: bus, logger: logger)
-        let orchestrator = OnboardingOrchestrator(
+        let orchestrator = try OnboardingOrchestrator(
             configuration: .init(
                 rpc: e.orchestratorRPC, routes: e.routes, authRPC: e.authRPC, authEvents: e.authEvents,
                 profileRPC: e.profileRPC, profileEvents: e.profileEvents, imageRPC: e.imageRPC,

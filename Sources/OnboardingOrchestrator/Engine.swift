@@ -1,0 +1,477 @@
+import Foundation
+import GRDB
+import Logging
+import Messaging
+import OnboardingAPI
+import ServiceRuntime
+import Synchronization
+
+/// Carries out the state machine's decisions and keeps them.
+///
+/// **Decisions commit in batches.** Everything the machine learns (events, call outcomes,
+/// requests) is queued; one loop takes whatever has queued up, feeds it to the machine inside a
+/// single write transaction, and stores in that same transaction the people it changed, the
+/// route intents it emitted (in the route outbox, which publishes them after the commit) and
+/// the feeds' cursors. So an event's effects and the note that it was handled commit together,
+/// and under load one commit carries many decisions.
+///
+/// The machine lives behind a mutex that only the loop's transactions take. If a commit fails,
+/// the machine is rebuilt from the store, so memory never runs ahead of what is stored.
+final class Engine: Sendable {
+    let configuration: OnboardingOrchestrator.Configuration
+    let bus: any MessageBus
+    let database: any DatabaseWriter
+    let outbox: Outbox
+    let logger: Logger
+    let work: AsyncStream<Work>.Continuation
+    private let machine: Mutex<OnboardingStateMachine>
+    private let queue = DecisionQueue()
+    private let waiters = Mutex<[OnboardingStateMachine.WaiterID: CheckedContinuation<Result<OnboardingStatus, ServiceError>, Never>]>([:])
+    private let nextWaiter = Atomic<UInt64>(0)
+    /// People whose set-up is running in this process (a set-up, or settling one).
+    private let settingUp = Mutex<Set<String>>([])
+    private let source = ServiceName.orchestrator
+
+    init(configuration: OnboardingOrchestrator.Configuration, bus: any MessageBus, database: any DatabaseWriter,
+         outbox: Outbox, logger: Logger, work: AsyncStream<Work>.Continuation) {
+        self.configuration = configuration
+        self.bus = bus
+        self.database = database
+        self.outbox = outbox
+        self.logger = logger
+        self.work = work
+        self.machine = Mutex(OnboardingStateMachine(retryPolicy: configuration.retryPolicy))
+    }
+
+    // MARK: Inputs
+
+    /// Queues `input`; its effects follow once the batch it joins has committed.
+    func send(_ input: OnboardingStateMachine.Input) {
+        queue.submit(DecisionQueue.Submission(inputs: [input]))
+    }
+
+    /// Queues `inputs` and waits until they have committed.
+    func sendAndWait(_ inputs: [OnboardingStateMachine.Input], cursor: (String, UInt64)? = nil) async throws {
+        try await withCheckedThrowingContinuation { continuation in
+            queue.submit(DecisionQueue.Submission(inputs: inputs, cursor: cursor, committed: continuation))
+        }
+    }
+
+    /// An ``EventFeed`` handler: the events' inputs and the feed's new cursor commit together.
+    func handle(_ events: [Message], from publisher: String, through sequence: UInt64) async throws {
+        var inputs: [OnboardingStateMachine.Input] = []
+        inputs.reserveCapacity(events.count)
+        for event in events {
+            do {
+                switch event.header.type {
+                case SignedIn.type:
+                    let signedIn = try event.payload(as: SignedIn.self)
+                    inputs.append(.signedIn(uid: signedIn.uid, isNewAccount: signedIn.isNewAccount))
+                case SignedOut.type: inputs.append(.signedOut(uid: try event.payload(as: SignedOut.self).uid))
+                case Withdrawn.type: inputs.append(.withdrawn(uid: try event.payload(as: Withdrawn.self).uid))
+                case ProfileCreated.type: inputs.append(.profileCreated(uid: try event.payload(as: ProfileCreated.self).profile.uid))
+                case ProfileDeleted.type:
+                    let deleted = try event.payload(as: ProfileDeleted.self)
+                    inputs.append(.profileDeleted(uid: deleted.uid, reason: deleted.reason))
+                default: break
+                }
+            } catch {
+                logger.warning("ignored an unreadable \(event.header.type) event from \(event.header.source): \(error)")
+            }
+        }
+        try await sendAndWait(inputs, cursor: (publisher, sequence))
+    }
+
+    // MARK: The decision loop
+
+    /// Commits queued decisions until ``finishDeciding()`` has been called and the queue is empty.
+    func decide() async {
+        for await _ in queue.signal {
+            let batch = queue.take()
+            if !batch.isEmpty { await commit(batch) }
+        }
+        let rest = queue.take()
+        if !rest.isEmpty { await commit(rest) }
+    }
+
+    /// Lets ``decide()`` return once what is queued has committed.
+    func finishDeciding() async {
+        queue.finish()
+    }
+
+    private func commit(_ batch: [DecisionQueue.Submission]) async {
+        do {
+            let actions = try await database.write { [self] db in
+                try machine.withLock { machine in try apply(batch, to: &machine, in: db) }
+            }
+            for submission in batch { submission.committed?.resume() }
+            for action in actions { perform(action) }
+        } catch {
+            logger.error("could not store \(batch.count) decision(s): \(error); reloading from the store and trying again")
+            for submission in batch {
+                submission.committed?.resume(throwing: ServiceError(.storeUnavailable, "The orchestrator could not store a decision; try again."))
+            }
+            // Memory has moved ahead of the store: start again from what is stored. Feeds
+            // resend their events; waiting callers were told to try again.
+            machine.withLock { $0 = OnboardingStateMachine(retryPolicy: configuration.retryPolicy, capacity: $0.capacity) }
+            try? await resumeUnfinishedWork()
+        }
+    }
+
+    private func apply(
+        _ batch: [DecisionQueue.Submission], to machine: inout OnboardingStateMachine, in db: Database
+    ) throws -> [OnboardingStateMachine.Action] {
+        var later: [OnboardingStateMachine.Action] = []
+        for submission in batch {
+            for input in submission.inputs {
+                if !machine.isTracking(input.uid), let stored = try OrchestratorStore.person(input.uid, in: db) {
+                    later += machine.restore(uid: input.uid, stored)
+                }
+                for action in machine.handle(input) {
+                    if case .emit(let kind, let uid, let reason) = action {
+                        try emit(kind, uid: uid, reason: reason, in: db)
+                    } else {
+                        later.append(action)
+                    }
+                }
+            }
+            if let (publisher, sequence) = submission.cursor {
+                try OrchestratorStore.setCursor(publisher, to: sequence, in: db)
+            }
+        }
+        for (uid, person) in machine.takeChanges() {
+            try OrchestratorStore.save(uid, person, in: db)
+        }
+        return later
+    }
+
+    /// Records a route intent as the one in force and in the route outbox, which publishes it
+    /// once the transaction commits.
+    private func emit(_ kind: RouteIntent.Kind, uid: String, reason: RouteIntent.Reason, in db: Database) throws {
+        let intent = RouteIntent(intentId: UUID().uuidString.lowercased(), uid: uid, intent: kind, reason: reason)
+        let sequence = try outbox.append(intent, uid: uid, topic: Topics.route(uid: uid), in: db)
+        try OrchestratorStore.recordIntent(intent, sequence: sequence, time: Timestamp.now(), in: db)
+        logger.debug("\(kind.rawValue) → \(uid) (\(reason.rawValue))")
+    }
+
+    /// Puts back everyone with work under way (checks, clean-ups) and resumes it.
+    func resumeUnfinishedWork() async throws {
+        let actions = try await withStore(database, logger: logger) { [self] db in
+            let people = try OrchestratorStore.peopleWithWork(in: db)
+            return machine.withLock { machine in
+                people.flatMap { uid, person in machine.restore(uid: uid, person) }
+            }
+        }
+        if !actions.isEmpty { logger.info("resuming \(actions.count) unfinished check(s) and clean-up step(s)") }
+        for action in actions { perform(action) }
+    }
+
+    // MARK: Actions
+
+    private func perform(_ action: OnboardingStateMachine.Action) {
+        switch action {
+        case .checkProfile(let uid, let check):
+            enqueue { engine in
+                do {
+                    let result = try await engine.call(GetProfile(), to: engine.configuration.profileRPC, uid: uid)
+                    engine.send(.profileChecked(uid: uid, check: check, exists: result.profile != nil))
+                } catch {
+                    engine.send(.profileCheckFailed(uid: uid, check: check, error: Self.serviceError(error)))
+                }
+            }
+        case .retryCheck(let uid, let check, let delay, let attempt, let error):
+            logger.warning("profile check for \(uid) failed (\(error)); retry \(attempt) in \(delay)")
+            enqueue { engine in
+                guard (try? await Task.sleep(for: delay)) != nil else { return }
+                engine.send(.checkRetryDue(uid: uid, check: check))
+            }
+        case .emit(let kind, let uid, _):
+            // Emitted inside the transaction (see `apply`); never reaches here.
+            logger.error("an intent \(kind.rawValue) for \(uid) was not stored")
+        case .answer(let waiter, let status):
+            resume(waiter, with: .success(status))
+        case .answerFailure(let waiter, let error):
+            resume(waiter, with: .failure(error))
+        case .evictProfileCache(let uid):
+            enqueue { engine in
+                do {
+                    _ = try await engine.call(EvictCachedProfile(), to: engine.configuration.profileRPC, uid: uid)
+                } catch {
+                    engine.logger.warning("could not clear the cached profile of \(uid): \(error)")
+                }
+            }
+        case .cleanUp(let uid, let step):
+            enqueue { engine in
+                do {
+                    switch step {
+                    case .deleteProfile:
+                        _ = try await engine.call(DeleteProfile(reason: .withdrawal), to: engine.configuration.profileRPC, uid: uid)
+                    case .deleteImages:
+                        _ = try await engine.call(DeleteAllImages(), to: engine.configuration.imageRPC, uid: uid)
+                    }
+                    engine.send(.cleanupFinished(uid: uid, step: step))
+                } catch {
+                    engine.send(.cleanupFailed(uid: uid, step: step, error: Self.serviceError(error)))
+                }
+            }
+        case .retryCleanup(let uid, let step, let delay, let attempt, let error):
+            logger.warning("withdrawal clean-up \(step.rawValue) for \(uid) failed (\(error)); retry \(attempt) in \(delay)")
+            enqueue { engine in
+                guard (try? await Task.sleep(for: delay)) != nil else { return }
+                engine.send(.cleanupRetryDue(uid: uid, step: step))
+            }
+        }
+    }
+
+    private func enqueue(_ job: @escaping @Sendable (Engine) async -> Void) {
+        work.yield(Work { [self] in await job(self) })
+    }
+
+    /// A call to another service on behalf of `uid`, with the service token.
+    private func call<Request: APIRequest>(
+        _ request: Request, to endpoint: Endpoint, uid: String, correlationId: String? = nil, attachment: Data? = nil
+    ) async throws -> Request.Response {
+        try await bus.call(
+            request, to: endpoint, source: source, uid: uid, serviceToken: configuration.serviceToken,
+            correlationId: correlationId, attachment: attachment, timeout: configuration.callTimeout)
+    }
+
+    private func resume(_ waiter: OnboardingStateMachine.WaiterID, with result: Result<OnboardingStatus, ServiceError>) {
+        let continuation = waiters.withLock { $0.removeValue(forKey: waiter) }
+        continuation?.resume(returning: result)
+    }
+
+    static func serviceError(_ error: any Error) -> ServiceError {
+        (error as? ServiceError) ?? ServiceError(.internalError, "\(error)")
+    }
+
+    // MARK: Requests
+
+    func dispatcher(sessions: any SessionVerifier) -> RequestDispatcher {
+        var dispatcher = RequestDispatcher(
+            source: source, sessions: sessions, serviceToken: configuration.serviceToken, logger: logger)
+        dispatcher.on(CheckOnboarding.self, access: .session) { [self] _, context in
+            try await check(uid: try context.requireUID())
+        }
+        dispatcher.on(SetUpProfile.self, access: .session, attachment: .optional) { [self] request, context in
+            try await setUp(request, uid: try context.requireUID(), image: context.attachment, correlationId: context.message.header.id)
+        }
+        dispatcher.on(CurrentIntent.self, access: .sessionOrService) { [self] _, context in
+            let uid = try context.requireUID()
+            return try await withStore(database, write: false, logger: logger) { try OrchestratorStore.routeState(of: uid, in: $0) }
+        }
+        dispatcher.on(ListRouteStates.self, access: .serviceWithoutUID) { [self] request, _ in
+            let limit = min(request.limit ?? ListRouteStates.maximumLimit, ListRouteStates.maximumLimit)
+            guard limit >= 1 else { throw ServiceError(.invalidRequest, "limit must be at least 1.") }
+            return try await withStore(database, write: false, logger: logger) {
+                try OrchestratorStore.routeStates(after: request.afterUID, limit: limit, in: $0)
+            }
+        }
+        dispatcher.onEventsAfter(database: database)
+        return dispatcher
+    }
+
+    /// "Check me now": the same decision as after sign-in, also answered to the caller.
+    func check(uid: String) async throws -> OnboardingStatus {
+        let waiter = nextWaiter.wrappingAdd(1, ordering: .relaxed).newValue
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                waiters.withLock { $0[waiter] = continuation }
+                // Cancelled before the continuation was stored: onCancel found nothing to resume.
+                if Task.isCancelled {
+                    resume(waiter, with: .failure(Self.stopping))
+                } else {
+                    send(.checkRequested(uid: uid, waiter: waiter))
+                }
+            }
+        } onCancel: {
+            resume(waiter, with: .failure(Self.stopping))
+        }
+        return try result.get()
+    }
+
+    static let stopping = ServiceError(.shuttingDown, "The orchestrator is stopping; ask again in a moment.")
+
+    // MARK: Set-up
+
+    /// Profile set-up: upload, create, then `dismiss`. The set-up is on record until it has
+    /// succeeded or left nothing behind, so one that a crash interrupts is settled on restart.
+    func setUp(_ request: SetUpProfile, uid: String, image: Data?, correlationId: String) async throws -> ProfileResult {
+        if let problem = IdempotencyKey.problem(request.idempotencyKey) { throw problem }
+        let key = request.idempotencyKey ?? IdempotencyKey.make()
+        var saga = ProfileSetupSaga(username: request.username, hasImage: image != nil)
+        var step = saga.start()
+        if case .fail(let error, _) = step { throw error }
+        guard claimSetUp(uid) else {
+            throw ServiceError(
+                .overloaded,
+                "A set-up for this person is already under way; send it again in a moment with the same idempotencyKey.")
+        }
+        defer { releaseSetUp(uid) }
+        let record = OrchestratorStore.Setup(uid: uid, idempotencyKey: key, username: saga.username)
+        try await withStore(database, logger: logger) { try OrchestratorStore.beginSetup(record, in: $0) }
+        var service = ServiceName.profile
+        while true {
+            switch step {
+            case .uploadImage:
+                service = ServiceName.imageUpload
+                do {
+                    let stored = try await call(
+                        UploadImage(contentType: request.contentType, idempotencyKey: key), to: configuration.imageRPC,
+                        uid: uid, correlationId: correlationId, attachment: image)
+                    step = saga.next(after: .uploaded(path: stored.path))
+                } catch {
+                    step = saga.next(after: .uploadFailed(Self.serviceError(error)))
+                }
+            case .createProfile(let username, let imagePath):
+                service = ServiceName.profile
+                do {
+                    let created = try await call(
+                        CreateProfile(username: username, imagePath: imagePath, idempotencyKey: key),
+                        to: configuration.profileRPC, uid: uid, correlationId: correlationId)
+                    guard let profile = created.profile else {
+                        throw ServiceError(.invalidMessage, "profile.create answered without a profile.")
+                    }
+                    step = saga.next(after: .created(profile))
+                } catch {
+                    step = saga.next(after: .createFailed(Self.serviceError(error)))
+                }
+            case .lookUpProfile:
+                do {
+                    step = saga.next(after: .lookedUp(try await call(GetProfile(), to: configuration.profileRPC, uid: uid).profile))
+                } catch {
+                    step = saga.next(after: .lookUpFailed(Self.serviceError(error)))
+                }
+            case .deleteImage(let path):
+                step = await deleteImages(uid: uid, saga: &saga) { try await self.call(DeleteImage(path: path), to: self.configuration.imageRPC, uid: uid) }
+            case .deleteStrayImages(let keep):
+                step = await deleteImages(uid: uid, saga: &saga) { try await self.call(DeleteAllImages(keep: keep), to: self.configuration.imageRPC, uid: uid) }
+            case .succeed(let profile):
+                // The reply means `dismiss` is stored (and on its way).
+                try await sendAndWait([.profileCreated(uid: uid)])
+                await endSetUp(record)
+                return ProfileResult(profile: profile)
+            case .fail(let error, let settled):
+                if settled { await endSetUp(record) }
+                throw Self.dependencyError(error, service: service)
+            }
+        }
+    }
+
+    private func deleteImages(
+        uid: String, saga: inout ProfileSetupSaga, _ delete: @Sendable () async throws -> DeletedImages
+    ) async -> ProfileSetupSaga.Step {
+        do {
+            _ = try await delete()
+            return saga.next(after: .imagesDeleted)
+        } catch {
+            logger.error("could not remove the image(s) of \(uid)'s unfinished set-up: \(error); will try again")
+            return saga.next(after: .imageDeleteFailed(Self.serviceError(error)))
+        }
+    }
+
+    private func endSetUp(_ record: OrchestratorStore.Setup) async {
+        do {
+            try await withStore(database, logger: logger) {
+                try OrchestratorStore.endSetup(uid: record.uid, idempotencyKey: record.idempotencyKey, in: $0)
+            }
+        } catch {
+            logger.warning("could not close the record of \(record.uid)'s set-up: \(error); it is settled again later")
+        }
+    }
+
+    private func claimSetUp(_ uid: String) -> Bool { settingUp.withLock { $0.insert(uid).inserted } }
+    private func releaseSetUp(_ uid: String) { _ = settingUp.withLock { $0.remove(uid) } }
+
+    /// Settles set-ups that a crash or an unreachable service left unfinished, every few seconds
+    /// until cancelled: a profile with the set-up's username means it went through (`dismiss`,
+    /// and stray images are removed); no profile means every image of the person is removed.
+    func settleSetUps(every interval: Duration = .seconds(2)) async {
+        repeat {
+            let unfinished = (try? await withStore(database, write: false, logger: logger) { try OrchestratorStore.unfinishedSetups(in: $0) }) ?? []
+            for record in unfinished where claimSetUp(record.uid) {
+                defer { releaseSetUp(record.uid) }
+                do {
+                    let profile = try await call(GetProfile(), to: configuration.profileRPC, uid: record.uid).profile
+                    if let profile, profile.username == record.username {
+                        try await sendAndWait([.profileCreated(uid: record.uid)])
+                    }
+                    _ = try await call(DeleteAllImages(keep: profile?.imagePath), to: configuration.imageRPC, uid: record.uid)
+                    await endSetUp(record)
+                    logger.info("settled the unfinished set-up of \(record.uid) (\(profile == nil ? "undone" : "completed"))")
+                } catch {
+                    logger.warning("could not settle the unfinished set-up of \(record.uid) yet: \(error)")
+                }
+            }
+        } while (try? await Task.sleep(for: interval)) != nil
+    }
+
+    /// Bus failures (timeout, nothing listening) become `dependencyUnavailable`; a service's
+    /// own refusal passes through unchanged.
+    static func dependencyError(_ error: ServiceError, service: String) -> ServiceError {
+        switch error.code {
+        case .timeout, .noResponder, .closed: return .dependency(service, error)
+        default: return error
+        }
+    }
+}
+
+/// The engine's queue of decisions to commit: submitters append, the decision loop takes
+/// everything queued at once (group commit).
+final class DecisionQueue: Sendable {
+    struct Submission: Sendable {
+        var inputs: [OnboardingStateMachine.Input]
+        /// The feed and sequence to store as handled, with these inputs.
+        var cursor: (String, UInt64)?
+        /// Resumed once the inputs have committed (or failed to).
+        var committed: CheckedContinuation<Void, any Error>?
+
+        init(inputs: [OnboardingStateMachine.Input], cursor: (String, UInt64)? = nil, committed: CheckedContinuation<Void, any Error>? = nil) {
+            self.inputs = inputs
+            self.cursor = cursor
+            self.committed = committed
+        }
+    }
+
+    private struct State {
+        var pending: [Submission] = []
+        var finished = false
+    }
+
+    private let state = Mutex(State())
+    /// Yields whenever something has been queued (at most one wake-up waits), and ends after
+    /// ``finish()``.
+    let signal: AsyncStream<Void>
+    private let wake: AsyncStream<Void>.Continuation
+
+    init() {
+        (signal, wake) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+    }
+
+    func submit(_ submission: Submission) {
+        let accepted = state.withLock { state -> Bool in
+            guard !state.finished else { return false }
+            state.pending.append(submission)
+            return true
+        }
+        if accepted {
+            wake.yield()
+        } else {
+            submission.committed?.resume(throwing: Engine.stopping)
+        }
+    }
+
+    /// Refuses new submissions; ``batches()`` ends once what was queued has been taken.
+    func finish() {
+        state.withLock { $0.finished = true }
+        wake.finish()
+    }
+
+    /// Everything queued since the last call.
+    func take() -> [Submission] {
+        state.withLock { state in
+            defer { state.pending = [] }
+            return state.pending
+        }
+    }
+}

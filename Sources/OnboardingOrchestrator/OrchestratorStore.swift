@@ -1,0 +1,201 @@
+import Foundation
+import GRDB
+import Messaging
+import OnboardingAPI
+import ServiceRuntime
+
+/// The orchestrator's SQLite tables, and the reads and writes it makes of them.
+///
+/// - `person`: per uid, what ``OnboardingStateMachine/PersistedPerson`` holds, plus the route
+///   intent in force (what `onboarding.intent` answers).
+/// - `outbox`: every route intent emitted, with its route sequence number (see ``Outbox``).
+/// - `cursor`: per publisher, the sequence of the last event handled, written in the same
+///   transaction as that event's effects, so an event is handled once however often it arrives.
+/// - `setup`: set-ups under way, so one that a crash interrupts is finished or undone on restart.
+///
+/// Every function here runs inside a transaction the caller opened.
+enum OrchestratorStore {
+    static func migrator() -> DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        Outbox.registerMigration(in: &migrator)
+        migrator.registerMigration("orchestrator-v1") { db in
+            try db.create(table: "person") { table in
+                table.primaryKey("uid", .text)
+                table.column("profile", .text).notNull()
+                table.column("pendingCheck", .text)
+                table.column("withdrawn", .boolean).notNull().defaults(to: false)
+                table.column("cleanup", .text).notNull().defaults(to: "")
+                table.column("intentId", .text)
+                table.column("intent", .text)
+                table.column("reason", .text)
+                table.column("intentSequence", .integer)
+                table.column("intentTime", .text)
+            }
+            try db.create(index: "person_pending", on: "person", columns: ["pendingCheck"], condition: Column("pendingCheck") != nil)
+            try db.create(index: "person_cleanup", on: "person", columns: ["uid"], condition: Column("cleanup") != "")
+            try db.create(table: "cursor") { table in
+                table.primaryKey("publisher", .text)
+                table.column("sequence", .integer).notNull()
+            }
+            try db.create(table: "setup") { table in
+                table.primaryKey("uid", .text)
+                table.column("idempotencyKey", .text).notNull()
+                table.column("username", .text).notNull()
+                table.column("startedAt", .text).notNull()
+            }
+        }
+        return migrator
+    }
+
+    static func openDatabase(path: String?) throws -> any DatabaseWriter {
+        do {
+            let writer = try ServiceDatabase.open(path: path)
+            try migrator().migrate(writer)
+            return writer
+        } catch {
+            throw ServiceError(.storeUnavailable, "Could not open the orchestrator's database at \(path ?? ":memory:"): \(error)")
+        }
+    }
+
+    // MARK: People
+
+    static func person(_ uid: String, in db: Database) throws -> OnboardingStateMachine.PersistedPerson? {
+        guard let row = try Row.fetchOne(
+            db, sql: "SELECT profile, pendingCheck, withdrawn, cleanup FROM person WHERE uid = ?", arguments: [uid])
+        else { return nil }
+        return persisted(row)
+    }
+
+    /// Everyone with work under way (a pending check or clean-up), to resume after a restart.
+    static func peopleWithWork(in db: Database) throws -> [(String, OnboardingStateMachine.PersistedPerson)] {
+        try Row.fetchAll(
+            db, sql: "SELECT uid, profile, pendingCheck, withdrawn, cleanup FROM person WHERE pendingCheck IS NOT NULL OR cleanup != ''"
+        ).map { (($0["uid"] as String), persisted($0)) }
+    }
+
+    private static func persisted(_ row: Row) -> OnboardingStateMachine.PersistedPerson {
+        let profile: OnboardingStateMachine.ProfileKnowledge =
+            switch row["profile"] as String {
+            case "present": .present
+            case "absent": .absent
+            default: .unknown
+            }
+        let cleanup = (row["cleanup"] as String).split(separator: ",").compactMap { OnboardingStateMachine.CleanupStep(rawValue: String($0)) }
+        return .init(
+            profile: profile, pendingCheck: (row["pendingCheck"] as String?).flatMap(RouteIntent.Reason.init(rawValue:)),
+            withdrawn: row["withdrawn"], cleanup: Set(cleanup))
+    }
+
+    static func save(_ uid: String, _ person: OnboardingStateMachine.PersistedPerson, in db: Database) throws {
+        let profile: String =
+            switch person.profile {
+            case .present: "present"
+            case .absent: "absent"
+            case .unknown: "unknown"
+            }
+        let cleanup = OnboardingStateMachine.CleanupStep.allCases.filter(person.cleanup.contains).map(\.rawValue).joined(separator: ",")
+        try db.execute(
+            sql: """
+                INSERT INTO person (uid, profile, pendingCheck, withdrawn, cleanup) VALUES (?, ?, ?, ?, ?)
+                ON CONFLICT (uid) DO UPDATE SET
+                    profile = excluded.profile, pendingCheck = excluded.pendingCheck,
+                    withdrawn = excluded.withdrawn, cleanup = excluded.cleanup
+                """,
+            arguments: [uid, profile, person.pendingCheck?.rawValue, person.withdrawn, cleanup])
+        if person.withdrawn {
+            // Nothing is in force for someone who has left.
+            try db.execute(
+                sql: "UPDATE person SET intentId = NULL, intent = NULL, reason = NULL, intentSequence = NULL, intentTime = NULL WHERE uid = ? AND intentId IS NOT NULL",
+                arguments: [uid])
+        }
+    }
+
+    /// Records `intent` as the one in force for its person.
+    static func recordIntent(_ intent: RouteIntent, sequence: UInt64, time: String, in db: Database) throws {
+        try db.execute(
+            sql: """
+                INSERT INTO person (uid, profile, intentId, intent, reason, intentSequence, intentTime)
+                VALUES (?, 'unknown', ?, ?, ?, ?, ?)
+                ON CONFLICT (uid) DO UPDATE SET
+                    intentId = excluded.intentId, intent = excluded.intent, reason = excluded.reason,
+                    intentSequence = excluded.intentSequence, intentTime = excluded.intentTime
+                """,
+            arguments: [intent.uid, intent.intentId, intent.intent.rawValue, intent.reason.rawValue, sequence, time])
+    }
+
+    // MARK: Route state
+
+    static func routeState(of uid: String, in db: Database) throws -> RouteState {
+        let row = try Row.fetchOne(
+            db, sql: "SELECT uid, intentId, intent, reason, intentSequence, intentTime FROM person WHERE uid = ?",
+            arguments: [uid])
+        return row.map(routeState) ?? RouteState(uid: uid, intent: nil, sequence: nil, time: nil)
+    }
+
+    static func routeStates(after uid: String?, limit: Int, in db: Database) throws -> RouteStatePage {
+        let rows = try Row.fetchAll(
+            db,
+            sql: """
+                SELECT uid, intentId, intent, reason, intentSequence, intentTime FROM person
+                WHERE intentId IS NOT NULL AND uid > ? ORDER BY uid LIMIT ?
+                """,
+            arguments: [uid ?? "", limit + 1])
+        let states = rows.prefix(limit).map(routeState)
+        return RouteStatePage(states: Array(states), nextUID: rows.count > limit ? states.last?.uid : nil)
+    }
+
+    private static func routeState(_ row: Row) -> RouteState {
+        let uid: String = row["uid"]
+        guard let id: String = row["intentId"],
+            let kind = (row["intent"] as String?).flatMap(RouteIntent.Kind.init(rawValue:)),
+            let reason = (row["reason"] as String?).flatMap(RouteIntent.Reason.init(rawValue:))
+        else { return RouteState(uid: uid, intent: nil, sequence: nil, time: nil) }
+        return RouteState(
+            uid: uid, intent: RouteIntent(intentId: id, uid: uid, intent: kind, reason: reason),
+            sequence: (row["intentSequence"] as Int64?).map { UInt64($0) }, time: row["intentTime"])
+    }
+
+    // MARK: Cursors
+
+    static func cursors(in db: Database) throws -> [String: UInt64] {
+        var cursors: [String: UInt64] = [:]
+        for row in try Row.fetchAll(db, sql: "SELECT publisher, sequence FROM cursor") {
+            cursors[row["publisher"]] = UInt64(row["sequence"] as Int64)
+        }
+        return cursors
+    }
+
+    static func setCursor(_ publisher: String, to sequence: UInt64, in db: Database) throws {
+        try db.execute(
+            sql: "INSERT INTO cursor (publisher, sequence) VALUES (?, ?) ON CONFLICT (publisher) DO UPDATE SET sequence = excluded.sequence",
+            arguments: [publisher, Int64(clamping: sequence)])
+    }
+
+    // MARK: Set-ups
+
+    struct Setup: Sendable, Hashable {
+        var uid: String
+        var idempotencyKey: String
+        var username: String
+    }
+
+    static func beginSetup(_ setup: Setup, in db: Database) throws {
+        try db.execute(
+            sql: """
+                INSERT INTO setup (uid, idempotencyKey, username, startedAt) VALUES (?, ?, ?, ?)
+                ON CONFLICT (uid) DO UPDATE SET idempotencyKey = excluded.idempotencyKey,
+                    username = excluded.username, startedAt = excluded.startedAt
+                """,
+            arguments: [setup.uid, setup.idempotencyKey, setup.username, Timestamp.now()])
+    }
+
+    static func endSetup(uid: String, idempotencyKey: String, in db: Database) throws {
+        try db.execute(sql: "DELETE FROM setup WHERE uid = ? AND idempotencyKey = ?", arguments: [uid, idempotencyKey])
+    }
+
+    static func unfinishedSetups(in db: Database) throws -> [Setup] {
+        try Row.fetchAll(db, sql: "SELECT uid, idempotencyKey, username FROM setup").map {
+            Setup(uid: $0["uid"], idempotencyKey: $0["idempotencyKey"], username: $0["username"])
+        }
+    }
+}
