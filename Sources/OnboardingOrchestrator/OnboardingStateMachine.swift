@@ -254,20 +254,3 @@ public struct OnboardingStateMachine: Sendable {
         return [.checkProfile(uid: uid, check: nextCheckID)]
     }
 }
-
-/// Exponential backoff: `initial`, doubled each attempt, at most `maximum`.
-public struct RetryPolicy: Sendable, Hashable {
-    public var initial: Duration
-    public var maximum: Duration
-
-    public init(initial: Duration = .milliseconds(100), maximum: Duration = .seconds(5)) {
-        self.initial = initial
-        self.maximum = maximum
-    }
-
-    /// The wait before retry number `attempt` (1 is the first retry).
-    public func delay(attempt: Int) -> Duration {
-        let factor = 1 << min(max(attempt - 1, 0), 20)
-        return min(initial * factor, maximum)
-    }
-}
