@@ -123,7 +123,9 @@ struct CallRetryingTests {
         }
         #expect(result == answer)
         #expect(received.count == 3)
-        #expect(try received.map { try $0.payload(as: CreateProfile.self) } == Array(repeating: request, count: 3))
+        let sent = try received.map { try $0.payload(as: CreateProfile.self) }
+        #expect(sent.map(\.idempotencyKey) == Array(repeating: request.idempotencyKey, count: 3))
+        #expect(sent.map(\.username) == Array(repeating: request.username, count: 3))
         #expect(Set(received.map(\.header.id)).count == 3, "each attempt is a new envelope")
         #expect(received.allSatisfy { $0.header.uid == "u1" })
     }
@@ -146,7 +148,7 @@ struct CallRetryingTests {
         }
         let elapsed = start.duration(to: clock.now)
         #expect(error?.code == .timeout)
-        #expect(received.count >= 3)
+        #expect(received.count >= 2, "at least one retry")
         #expect(elapsed >= .milliseconds(450), "\(elapsed)")
         #expect(elapsed < .milliseconds(1_500), "\(elapsed)")
     }
