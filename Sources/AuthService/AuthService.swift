@@ -9,8 +9,12 @@ import ServiceRuntime
 ///
 /// Requests (at ``Configuration/rpc``):
 /// - `auth.signIn` (open): verifies the identity, finds or creates the account, opens a session.
-/// - `auth.signOut` (session): ends the envelope's session.
-/// - `auth.withdraw` (session): deletes the account and all its sessions.
+/// - `auth.signOut` (session): ends the envelope's session. Safe to retry: a sign-out of a
+///   session that already ended (signed out or withdrawn, within the last 24 hours) answers the
+///   same uid and publishes nothing.
+/// - `auth.withdraw` (session): deletes the account and all its sessions. Safe to retry: a
+///   withdrawal of a session that was withdrawn answers the same uid and publishes nothing; one
+///   of a session that was only signed out is `unauthenticated`.
 /// - `auth.verifySession` (open): which uid a token belongs to, or `unauthenticated`.
 ///
 /// Each event is written to the outbox in the same transaction as the change it reports and
@@ -114,13 +118,15 @@ public struct AuthService: Service {
                 metadata: ["uid": "\(result.uid)", "provider": "\(result.provider.rawValue)", "new": "\(result.isNewAccount)"])
             return result
         }
-        dispatcher.on(SignOut.self, access: .session) { _, context in
+        // Sign-out and withdrawal check the token themselves, in the transaction that ends the
+        // session, so that a retry after the session ended is answered as the first one was.
+        dispatcher.on(SignOut.self, access: .endingSession, replyUID: \.uid) { _, context in
             let uid = try await store.signOut(
                 token: context.message.header.sessionToken ?? "", correlationId: context.message.header.id)
             logger.debug("signed out", metadata: ["uid": "\(uid)"])
             return AccountResult(uid: uid)
         }
-        dispatcher.on(Withdraw.self, access: .session) { _, context in
+        dispatcher.on(Withdraw.self, access: .endingSession, replyUID: \.uid) { _, context in
             let uid = try await store.withdraw(
                 token: context.message.header.sessionToken ?? "", correlationId: context.message.header.id)
             logger.notice("withdrawn", metadata: ["uid": "\(uid)"])

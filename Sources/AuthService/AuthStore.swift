@@ -5,16 +5,43 @@ import Messaging
 import OnboardingAPI
 import ServiceRuntime
 
+/// How a session ended.
+enum SessionEnding: String, Sendable {
+    /// `auth.signOut`: this session only; the account stays.
+    case signOut
+    /// `auth.withdraw`: the account was deleted, with every session.
+    case withdrawal
+}
+
 /// Accounts and sessions in SQLite, with the events each change causes written to the outbox in
 /// the same transaction.
 ///
 /// Also auth's own ``SessionVerifier``: `.session` requests are checked against this store.
 ///
+/// Ended sessions: a sign-out or withdrawal records the session it ended (the token's digest,
+/// the uid, how it ended, when) in the `endedSession` table, in the transaction that ends it,
+/// so a retry whose first reply was lost gets the same answer and publishes nothing more:
+/// - a sign-out of a session that was signed out, or withdrawn, answers its uid (sign-out asks
+///   for the session to be over, and it is);
+/// - a withdrawal of a session that was withdrawn answers its uid; of one that was only signed
+///   out, it is `unauthenticated` (an ended session cannot delete the account).
+///
+/// An ended session is remembered for ``endedSessionRetention`` (24 hours), then forgotten:
+/// a retry after that is `unauthenticated`. Each sign-out and withdrawal deletes the rows older
+/// than that. Only the token the request carried is remembered: another session that a
+/// withdrawal ended is `unauthenticated` for both. An ended session never verifies
+/// (``uid(forSessionToken:)`` is `unauthenticated`).
+///
 /// Thread safety: immutable; every method may be called from any task. GRDB serializes writes.
 struct AuthStore: SessionVerifier {
+    /// How long ended sessions are remembered for retries.
+    static let endedSessionRetention: TimeInterval = 24 * 60 * 60
+
     let database: any DatabaseWriter
     let outbox: Outbox
     var logger: Logger? = nil
+    /// The time ended sessions are stamped and judged with (tests move it).
+    var clock: @Sendable () -> Date = { Date() }
 
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
@@ -40,6 +67,16 @@ struct AuthStore: SessionVerifier {
             for token in tokens {
                 try db.execute(
                     sql: "UPDATE session SET token = ? WHERE token = ?", arguments: [SessionToken.digest(token), token])
+            }
+        }
+        migrator.registerMigration("auth-v3-ended-sessions") { db in
+            // No reference to account: a withdrawal deletes the account, and the record of how
+            // its session ended must stay.
+            try db.create(table: "endedSession") { table in
+                table.column("token", .text).primaryKey()
+                table.column("uid", .text).notNull()
+                table.column("ending", .text).notNull()
+                table.column("endedAt", .text).notNull().indexed()
             }
         }
         return migrator
@@ -79,32 +116,69 @@ struct AuthStore: SessionVerifier {
         }
     }
 
-    /// Ends the session of `token`.
+    /// Ends the session of `token` and records `SignedOut`; a retry answers the same without
+    /// recording anything (see the type's notes on ended sessions).
     ///
     /// - Returns: the session's uid.
-    /// - Throws: `unauthenticated` when the token is not a live session.
+    /// - Throws: `unauthenticated` when the token is neither a live session nor one that ended
+    ///   (signed out or withdrawn) within ``endedSessionRetention``.
     func signOut(token: String, correlationId: String) async throws -> String {
-        let outbox = self.outbox
+        let (outbox, now) = (self.outbox, clock())
         return try await withStore(database, logger: logger) { db in
-            let uid = try Self.uid(ofSession: token, in: db)
-            try db.execute(sql: "DELETE FROM session WHERE token = ?", arguments: [SessionToken.digest(token)])
-            try outbox.append(SignedOut(uid: uid), uid: uid, correlationId: correlationId, in: db)
-            return uid
+            let digest = SessionToken.digest(token)
+            if let uid = try Self.liveUID(ofSession: token, in: db) {
+                try db.execute(sql: "DELETE FROM session WHERE token = ?", arguments: [digest])
+                try Self.recordEnding(.signOut, digest: digest, uid: uid, at: now, in: db)
+                try outbox.append(SignedOut(uid: uid), uid: uid, correlationId: correlationId, in: db)
+                return uid
+            }
+            if let ended = try Self.ended(digest: digest, asOf: now, in: db) { return ended.uid }
+            throw Self.unauthenticated
         }
     }
 
-    /// Deletes the account of `token`'s session, and with it every session of that account.
+    /// Deletes the account of `token`'s session, and with it every session of that account, and
+    /// records `Withdrawn`; a retry answers the same without recording anything (see the type's
+    /// notes on ended sessions).
     ///
     /// - Returns: the deleted account's uid.
-    /// - Throws: `unauthenticated` when the token is not a live session.
+    /// - Throws: `unauthenticated` when the token is neither a live session nor one that was
+    ///   withdrawn within ``endedSessionRetention`` (a signed-out session cannot withdraw).
     func withdraw(token: String, correlationId: String) async throws -> String {
-        let outbox = self.outbox
+        let (outbox, now) = (self.outbox, clock())
         return try await withStore(database, logger: logger) { db in
-            let uid = try Self.uid(ofSession: token, in: db)
-            try db.execute(sql: "DELETE FROM account WHERE uid = ?", arguments: [uid])
-            try outbox.append(Withdrawn(uid: uid), uid: uid, correlationId: correlationId, in: db)
-            return uid
+            let digest = SessionToken.digest(token)
+            if let uid = try Self.liveUID(ofSession: token, in: db) {
+                try db.execute(sql: "DELETE FROM account WHERE uid = ?", arguments: [uid])
+                try Self.recordEnding(.withdrawal, digest: digest, uid: uid, at: now, in: db)
+                try outbox.append(Withdrawn(uid: uid), uid: uid, correlationId: correlationId, in: db)
+                return uid
+            }
+            if let ended = try Self.ended(digest: digest, asOf: now, in: db), ended.ending == .withdrawal { return ended.uid }
+            throw Self.unauthenticated
         }
+    }
+
+    /// Records that the session with `digest` ended, and forgets the endings older than the
+    /// retention window (an indexed range delete, so each ending pays for the few before it).
+    private static func recordEnding(_ ending: SessionEnding, digest: String, uid: String, at now: Date, in db: Database) throws {
+        try db.execute(
+            sql: "DELETE FROM endedSession WHERE endedAt < ?",
+            arguments: [Timestamp.format(now.addingTimeInterval(-endedSessionRetention))])
+        try db.execute(
+            sql: "INSERT OR REPLACE INTO endedSession (token, uid, ending, endedAt) VALUES (?, ?, ?, ?)",
+            arguments: [digest, uid, ending.rawValue, Timestamp.format(now)])
+    }
+
+    /// How the session with `digest` ended, if it did within the retention window before `now`.
+    private static func ended(digest: String, asOf now: Date, in db: Database) throws -> (uid: String, ending: SessionEnding)? {
+        let cutoff = Timestamp.format(now.addingTimeInterval(-endedSessionRetention))
+        guard
+            let row = try Row.fetchOne(
+                db, sql: "SELECT uid, ending FROM endedSession WHERE token = ? AND endedAt >= ?", arguments: [digest, cutoff]),
+            let ending = SessionEnding(rawValue: row["ending"])
+        else { return nil }
+        return (row["uid"], ending)
     }
 
     func uid(forSessionToken token: String) async throws -> String {
@@ -112,13 +186,16 @@ struct AuthStore: SessionVerifier {
     }
 
     private static func uid(ofSession token: String, in db: Database) throws -> String {
-        guard !token.isEmpty,
-            let uid = try String.fetchOne(
-                db, sql: "SELECT uid FROM session WHERE token = ?", arguments: [SessionToken.digest(token)])
-        else {
-            throw ServiceError(
-                .unauthenticated, "The session token is not valid: it is unknown, signed out or withdrawn. Sign in again.")
-        }
+        guard let uid = try liveUID(ofSession: token, in: db) else { throw unauthenticated }
         return uid
     }
+
+    /// The uid of `token`'s live session, or `nil`.
+    private static func liveUID(ofSession token: String, in db: Database) throws -> String? {
+        guard !token.isEmpty else { return nil }
+        return try String.fetchOne(db, sql: "SELECT uid FROM session WHERE token = ?", arguments: [SessionToken.digest(token)])
+    }
+
+    private static let unauthenticated = ServiceError(
+        .unauthenticated, "The session token is not valid: it is unknown, signed out or withdrawn. Sign in again.")
 }

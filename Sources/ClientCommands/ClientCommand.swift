@@ -218,23 +218,21 @@ struct HealthCommand: AsyncParsableCommand {
         let services = endpoints.services
         let timeout = Duration.milliseconds(endpoints.timeoutMs)
         let down: [String] = try await withBus(name: "onboarding-client") { bus in
+            // One deadline for all services: an attempt may start until `wait` is over, and
+            // gets its full timeout. With no time left, each service is asked once.
             let deadline = ContinuousClock.now.advanced(by: .seconds(wait))
             var down: [String] = []
             for service in services {
-                while true {
-                    do {
-                        let status = try await bus.call(HealthCheck(), to: service.endpoint, source: "onboarding-client", timeout: timeout)
-                        if !quiet { Terminal.line("\(service.name.padding(toLength: 24, withPad: " ", startingAt: 0)) up    \(service.endpoint)  since \(status.startedAt)") }
-                        break
-                    } catch let error as ServiceError {
-                        if ContinuousClock.now < deadline {
-                            try await Task.sleep(for: .milliseconds(100))
-                            continue
-                        }
-                        if !quiet { Terminal.line("\(service.name.padding(toLength: 24, withPad: " ", startingAt: 0)) DOWN  \(service.endpoint)  (\(error.code))") }
-                        down.append(service.name)
-                        break
-                    }
+                let left = ContinuousClock.now.duration(to: deadline)
+                do {
+                    let status = try await bus.callRetrying(
+                        HealthCheck(), to: service.endpoint, source: "onboarding-client", timeout: timeout,
+                        retry: RetryPolicy(initial: .milliseconds(100), maximum: .milliseconds(100)),
+                        deadline: max(left, .zero) + timeout, retryingOn: left > .zero ? ErrorCode.retryable : [])
+                    if !quiet { Terminal.line("\(service.name.padding(toLength: 24, withPad: " ", startingAt: 0)) up    \(service.endpoint)  since \(status.startedAt)") }
+                } catch let error as ServiceError {
+                    if !quiet { Terminal.line("\(service.name.padding(toLength: 24, withPad: " ", startingAt: 0)) DOWN  \(service.endpoint)  (\(error.code))") }
+                    down.append(service.name)
                 }
             }
             return down

@@ -20,6 +20,8 @@ public struct EndpointOptions: ParsableArguments {
     var routes: String?
     @Option(help: "How long to wait for a reply, in milliseconds. Default: 3000")
     var timeoutMs: Int = 3000
+    @Option(help: "How long to keep resending a request that is safe to repeat while the service does not answer, in milliseconds. Default: 10000")
+    var deadlineMs: Int = 10_000
 
     public init() {}
 
@@ -34,7 +36,7 @@ public struct EndpointOptions: ParsableArguments {
     var clientConfiguration: OnboardingClient.Configuration {
         OnboardingClient.Configuration(
             authRPC: authRPC, profileRPC: profileRPC, orchestratorRPC: orchestratorRPC, routes: routesEndpoint,
-            timeout: .milliseconds(timeoutMs))
+            timeout: .milliseconds(timeoutMs), deadline: .milliseconds(deadlineMs))
     }
 
     /// Every service's name and request endpoint.

@@ -9,7 +9,9 @@ import Glibc
 import Darwin
 #endif
 
-/// The images on disk: `<root>/<uid>/<lowercase UUID>.<extension>`.
+/// The images on disk: `<root>/<uid>/<name>.<extension>`, where the name is a new lowercase
+/// UUID, or the upload's idempotency key when it had one. The file name is the whole index of
+/// keys: a repeated key finds its image after a restart with no other state to keep.
 ///
 /// Threading: callable from any task. Every file operation (create, write, fsync, rename, unlink,
 /// directory listing and removal) runs on this storage's own serial `DispatchQueue`, never on
@@ -52,27 +54,70 @@ final class ImageStorage: Sendable {
         }
     }
 
-    /// Stores `bytes` under a new name in `uid`'s folder.
+    /// What ``store(_:kind:uid:key:)`` did.
+    struct Stored: Sendable, Hashable {
+        /// The image as stored: this upload's, or the one stored earlier under the same key.
+        var image: StoredImage
+        /// `false` when the key had been used before and nothing new was stored.
+        var isNew: Bool
+    }
+
+    /// Stores `bytes` in `uid`'s folder, under a new name, or under `key` when given.
+    ///
+    /// With a `key` whose image is already stored (in any of the kinds), nothing is written and
+    /// that image is answered, with its own kind and size. The look-up and the write run in one
+    /// operation on the storage's serial queue, so of two uploads with one key exactly one
+    /// stores a file; and the final name is made with `link`, which never replaces a file.
     ///
     /// The bytes go to a temporary file in the same folder, are flushed to disk, and only then
-    /// renamed to their final name, so a crash never leaves a partial image under that name.
+    /// get their final name, so a crash never leaves a partial image under that name.
     ///
-    /// - Returns: the image's path relative to the root, `<uid>/<file>`.
-    func store(_ bytes: Data, kind: ImageKind, uid: String) async throws(ServiceError) -> String {
+    /// - Parameter key: a valid ``IdempotencyKey`` (the caller checks it). On a file system
+    ///   that ignores letter case (macOS by default), keys that differ only in case name one file.
+    func store(_ bytes: Data, kind: ImageKind, uid: String, key: String? = nil) async throws(ServiceError) -> Stored {
         let folder = "\(root)/\(uid)"
-        let file = ImagePaths.newFileName(kind: kind)
         let temporary = "\(folder)/\(ImagePaths.newTemporaryFileName())"
-        try await io("storing the image") {
-            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-            do {
-                try Self.writeAndSync(bytes, to: temporary)
-                try Self.posix("rename") { rename(temporary, "\(folder)/\(file)") }
-            } catch {
-                unlink(temporary)
-                throw error
+        guard let key else {
+            let file = ImagePaths.newFileName(kind: kind)
+            try await io("storing the image") {
+                try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+                do {
+                    try Self.writeAndSync(bytes, to: temporary)
+                    try Self.posix("rename") { rename(temporary, "\(folder)/\(file)") }
+                } catch {
+                    unlink(temporary)
+                    throw error
+                }
             }
+            return Stored(image: StoredImage(path: "\(uid)/\(file)", kind: kind, bytes: bytes.count), isNew: true)
         }
-        return "\(uid)/\(file)"
+        return try await io("storing the image") {
+            if let earlier = Self.keyedImage(key: key, in: folder, uid: uid) { return Stored(image: earlier, isNew: false) }
+            let file = ImagePaths.keyedFileName(key: key, kind: kind)
+            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            defer { unlink(temporary) }
+            try Self.writeAndSync(bytes, to: temporary)
+            guard link(temporary, "\(folder)/\(file)") == 0 else {
+                // Another process sharing the folder stored this key first.
+                if errno == EEXIST, let earlier = Self.keyedImage(key: key, in: folder, uid: uid) {
+                    return Stored(image: earlier, isNew: false)
+                }
+                throw POSIXFailure(call: "link", code: errno)
+            }
+            return Stored(image: StoredImage(path: "\(uid)/\(file)", kind: kind, bytes: bytes.count), isNew: true)
+        }
+    }
+
+    /// The image stored under `key` in `folder`, in whichever kind it was stored, if any.
+    /// Runs on the storage's queue.
+    private static func keyedImage(key: String, in folder: String, uid: String) -> StoredImage? {
+        for kind in ImageKind.allCases {
+            let file = ImagePaths.keyedFileName(key: key, kind: kind)
+            var status = stat()
+            guard lstat("\(folder)/\(file)", &status) == 0, status.st_mode & S_IFMT == S_IFREG else { continue }
+            return StoredImage(path: "\(uid)/\(file)", kind: kind, bytes: Int(status.st_size))
+        }
+        return nil
     }
 
     /// Deletes one image of `uid`, and `uid`'s folder when that was the last thing in it.
@@ -92,10 +137,12 @@ final class ImageStorage: Sendable {
         }
     }
 
-    /// Deletes `uid`'s folder and everything in it.
+    /// Deletes `uid`'s folder and everything in it, or, with `keep`, everything in it but
+    /// that file (the folder stays while it holds anything).
     ///
-    /// - Returns: how many images it held (0 when there was no folder).
-    func deleteAll(uid: String) async throws(ServiceError) -> Int {
+    /// - Parameter keep: a file name in the folder to leave in place; it need not exist.
+    /// - Returns: how many images were deleted (0 when there was no folder).
+    func deleteAll(uid: String, keeping keep: String? = nil) async throws(ServiceError) -> Int {
         let folder = "\(root)/\(uid)"
         return try await io("deleting the images") {
             let names: [String]
@@ -104,8 +151,17 @@ final class ImageStorage: Sendable {
             } catch let error as CocoaError where error.code == .fileReadNoSuchFile {
                 return 0
             }
-            try FileManager.default.removeItem(atPath: folder)
-            return names.filter(ImagePaths.isImageFileName).count
+            guard let keep else {
+                try FileManager.default.removeItem(atPath: folder)
+                return names.filter(ImagePaths.isImageFileName).count
+            }
+            var deleted = 0
+            for name in names where name != keep {
+                try FileManager.default.removeItem(atPath: "\(folder)/\(name)")
+                if ImagePaths.isImageFileName(name) { deleted += 1 }
+            }
+            try Self.removeFolderIfEmpty(folder)
+            return deleted
         }
     }
 
@@ -204,13 +260,21 @@ enum ImagePaths {
         "\(UUID().uuidString.lowercased()).\(kind.fileExtension)"
     }
 
-    /// Whether `name` is one that ``newFileName(kind:)`` could have made.
+    /// The file name of an upload with an idempotency key: the key and the kind's extension.
+    /// `key` must be a valid ``IdempotencyKey`` (no `.` or `/`, so it is one path component and
+    /// never a temporary file's name).
+    static func keyedFileName(key: String, kind: ImageKind) -> String {
+        "\(key).\(kind.fileExtension)"
+    }
+
+    /// Whether `name` is one that ``newFileName(kind:)`` or ``keyedFileName(key:kind:)`` could
+    /// have made: a well-formed idempotency key (lowercase UUIDs are among them) and an image
+    /// kind's extension.
     static func isImageFileName(_ name: String) -> Bool {
         guard let dot = name.lastIndex(of: ".") else { return false }
         let stem = String(name[..<dot])
         let fileExtension = String(name[name.index(after: dot)...])
-        return stem.count == 36 && stem == stem.lowercased() && UUID(uuidString: stem) != nil
-            && ImageKind.allCases.contains { $0.fileExtension == fileExtension }
+        return IdempotencyKey.isValid(stem) && ImageKind.allCases.contains { $0.fileExtension == fileExtension }
     }
 
     /// The file name in `path` when it is exactly `<uid>/<file>` with a name the store makes.

@@ -11,9 +11,13 @@ import ServiceRuntime
 /// envelope's `uid`):
 /// - `image.upload`: the image as the binary frame; accepted only when its bytes are a PNG,
 ///   JPEG, WebP or HEIC image within ``Configuration/maxImageBytes`` (the declared content type
-///   is not trusted). Answers the stored path `<uid>/<file>`; file names are made here.
+///   is not trusted). Answers the stored path `<uid>/<file>`; file names are made here. With an
+///   `idempotencyKey`, the file is named after the key (`<uid>/<key>.<extension>`), and an upload
+///   that repeats a key the person's stored images already use is answered with that image
+///   (its own kind and size) and stores nothing. Once that image is deleted, the key stores anew.
 /// - `image.delete`: one image, by the path upload returned.
-/// - `image.deleteAll`: every image of the person.
+/// - `image.deleteAll`: every image of the person, except `keep` when given (a path
+///   `<uid>/<file>` of this person, or the request is `invalidRequest`; it need not exist).
 ///
 /// Thread safety: a value type; ``run()`` is called once, from a `ServiceGroup` or a test task.
 /// Handlers never block the cooperative thread pool: all file I/O runs on one serial queue
@@ -105,13 +109,19 @@ public struct ImageUploadService: Service {
     ) -> RequestDispatcher {
         var dispatcher = RequestDispatcher(
             source: ServiceName.imageUpload, sessions: nil, serviceToken: serviceToken, logger: logger)
-        dispatcher.on(UploadImage.self, access: .service, attachment: .required) { _, context in
+        dispatcher.on(UploadImage.self, access: .service, attachment: .required) { request, context in
             let uid = try safeUID(context)
+            if let problem = IdempotencyKey.problem(request.idempotencyKey) { throw problem }
             let bytes = context.attachment ?? Data()
             let kind = try judge(bytes, maxImageBytes: maxImageBytes)
-            let path = try await storage.store(bytes, kind: kind, uid: uid)
-            logger.info("stored image", metadata: ["uid": "\(uid)", "path": "\(path)", "bytes": "\(bytes.count)"])
-            return StoredImage(path: path, kind: kind, bytes: bytes.count)
+            let stored = try await storage.store(bytes, kind: kind, uid: uid, key: request.idempotencyKey)
+            let metadata: Logger.Metadata = ["uid": "\(uid)", "path": "\(stored.image.path)", "bytes": "\(stored.image.bytes)"]
+            if stored.isNew {
+                logger.info("stored image", metadata: metadata)
+            } else {
+                logger.info("repeated upload answered with the image stored under its key", metadata: metadata)
+            }
+            return stored.image
         }
         dispatcher.on(DeleteImage.self, access: .service) { request, context in
             let uid = try safeUID(context)
@@ -126,10 +136,20 @@ public struct ImageUploadService: Service {
             logger.info("deleted image", metadata: ["uid": "\(uid)", "path": "\(request.path)"])
             return DeletedImages(deleted: 1)
         }
-        dispatcher.on(DeleteAllImages.self, access: .service) { _, context in
+        dispatcher.on(DeleteAllImages.self, access: .service) { request, context in
             let uid = try safeUID(context)
-            let deleted = try await storage.deleteAll(uid: uid)
-            logger.info("deleted all images", metadata: ["uid": "\(uid)", "count": "\(deleted)"])
+            var keep: String?
+            if let path = request.keep {
+                guard let file = ImagePaths.fileName(in: path, uid: uid) else {
+                    throw ServiceError(
+                        .invalidRequest,
+                        "Field 'keep' must be exactly '<uid>/<file>' as image.upload returned it, for the envelope's uid.")
+                }
+                keep = file
+            }
+            let deleted = try await storage.deleteAll(uid: uid, keeping: keep)
+            logger.info(
+                "deleted all images", metadata: ["uid": "\(uid)", "count": "\(deleted)", "kept": "\(request.keep ?? "-")"])
             return DeletedImages(deleted: deleted)
         }
         return dispatcher

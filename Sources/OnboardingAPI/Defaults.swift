@@ -23,6 +23,9 @@ public enum Defaults {
     public static let maxImageBytes = 5 * 1024 * 1024
     /// How long a call waits for its reply before it fails with `timeout`.
     public static let requestTimeout: Duration = .seconds(3)
+    /// How long a call that is safe to repeat keeps trying, over all its attempts, before it
+    /// fails with the last attempt's error (see `MessageBus.callRetrying`).
+    public static let retryDeadline: Duration = .seconds(10)
 }
 
 /// The names services sign their messages with (the envelope's `source`).

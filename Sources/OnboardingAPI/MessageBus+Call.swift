@@ -42,6 +42,83 @@ extension MessageBus {
     }
 }
 
+extension MessageBus {
+    /// Sends a request that is safe to repeat, and sends it again after a failure that may pass
+    /// (by default ``ErrorCode/retryable``: `timeout`, `noResponder`, `overloaded`,
+    /// `shuttingDown`), waiting with exponential backoff and jitter between attempts, until
+    /// `deadline` has passed since the first attempt.
+    ///
+    /// Use it for queries, and for commands that are idempotent: those that carry an
+    /// `idempotencyKey`, and `auth.signOut` / `auth.withdraw`, which answer a retry with the
+    /// first result. Every attempt sends the same `request` (so the same idempotency key) in a
+    /// new envelope with its own `id`.
+    ///
+    /// Each attempt waits at most `timeout` for its reply, less when the deadline is nearer.
+    /// A retry is not started when its backoff would end too close to the deadline (see
+    /// ``RetrySchedule``).
+    ///
+    /// - Parameters:
+    ///   - retry: the backoff between attempts, before jitter.
+    ///   - deadline: the longest the whole call may take.
+    ///   - retryingOn: the error codes that are retried; any other error is thrown at once.
+    /// - Throws: the service's refusal at once; after the deadline, the last attempt's
+    ///   ``ServiceError``; `CancellationError` when the calling task is cancelled, without
+    ///   another attempt.
+    public func callRetrying<Request: APIRequest>(
+        _ request: Request,
+        to endpoint: Endpoint,
+        source: String,
+        uid: String? = nil,
+        sessionToken: String? = nil,
+        serviceToken: String? = nil,
+        correlationId: String? = nil,
+        attachment: Data? = nil,
+        timeout: Duration = Defaults.requestTimeout,
+        retry: RetryPolicy = RetryPolicy(),
+        deadline: Duration = Defaults.retryDeadline,
+        retryingOn codes: Set<ErrorCode> = ErrorCode.retryable
+    ) async throws -> Request.Response {
+        let schedule = RetrySchedule(backoff: retry, deadline: deadline, attemptTimeout: timeout, retryable: codes)
+        return try await call(request, to: endpoint, source: source, uid: uid, sessionToken: sessionToken,
+            serviceToken: serviceToken, correlationId: correlationId, attachment: attachment, schedule: schedule)
+    }
+
+    /// ``callRetrying(_:to:source:uid:sessionToken:serviceToken:correlationId:attachment:timeout:retry:deadline:retryingOn:)``
+    /// with every choice in one ``RetrySchedule``.
+    public func call<Request: APIRequest>(
+        _ request: Request,
+        to endpoint: Endpoint,
+        source: String,
+        uid: String? = nil,
+        sessionToken: String? = nil,
+        serviceToken: String? = nil,
+        correlationId: String? = nil,
+        attachment: Data? = nil,
+        schedule: RetrySchedule
+    ) async throws -> Request.Response {
+        let clock = ContinuousClock()
+        let start = clock.now
+        var attempt = 1
+        var timeout = schedule.firstAttemptTimeout
+        while true {
+            do {
+                return try await call(
+                    request, to: endpoint, source: source, uid: uid, sessionToken: sessionToken,
+                    serviceToken: serviceToken, correlationId: correlationId, attachment: attachment, timeout: timeout)
+            } catch let error as ServiceError {
+                let decision = schedule.decision(
+                    after: error, attempt: attempt, elapsed: start.duration(to: clock.now), random: Double.random(in: 0..<1))
+                guard case .retry(let delay, let next) = decision else { throw error }
+                try await Task.sleep(for: delay, clock: clock)
+                attempt += 1
+                // The sleep may have run late: no attempt outlives the deadline.
+                let left = schedule.deadline - start.duration(to: clock.now)
+                timeout = max(min(next, left), RetrySchedule.shortestAttempt)
+            }
+        }
+    }
+}
+
 extension EventPublisher {
     /// Publishes `event` under its own type as topic (or `topic` when given).
     public func publish<Event: APIEvent>(

@@ -9,14 +9,31 @@ import Synchronization
 /// tests. Every method may be called from any task. Failures are ``ServiceError``s whose `code`
 /// says what happened: a service's refusal (`usernameTaken`, `unauthenticated`, …) or the bus's
 /// own `timeout` and `noResponder`.
+///
+/// Retries: every call is resent after a failure that may pass (`timeout`, `noResponder`,
+/// `overloaded`, `shuttingDown`), with backoff, until ``Configuration/deadline``, when it is
+/// safe to repeat: the queries, `onboarding.check`, sign-out and withdrawal (auth answers a
+/// repeat with the first answer), and ``setUpProfile(username:image:contentType:idempotencyKey:)``,
+/// whose every attempt carries one idempotency key. Sign-in is resent only after failures that
+/// prove it was not handled (`noResponder`, `overloaded`, `shuttingDown`), never after a
+/// `timeout`: a sign-in that did happen but whose reply was lost would, if repeated, open a
+/// second session and publish a second `auth.signedIn` (telling a brand-new account that it is
+/// not new). That first session is harmless (its token was never seen), and the person can sign
+/// in again.
 public final class OnboardingClient: Sendable {
-    /// Where the services are.
+    /// Where the services are, and how long to wait for them.
     public struct Configuration: Sendable {
         public var authRPC: Endpoint
         public var profileRPC: Endpoint
         public var orchestratorRPC: Endpoint
         public var routes: Endpoint
+        /// How long one attempt waits for its reply.
         public var timeout: Duration
+        /// The backoff between attempts of a call that is retried.
+        public var retry: RetryPolicy
+        /// The longest a call takes over all its attempts. A call that is not retried waits at
+        /// most ``timeout``.
+        public var deadline: Duration
         /// The `source` the client signs its messages with.
         public var name: String
 
@@ -26,6 +43,8 @@ public final class OnboardingClient: Sendable {
             orchestratorRPC: Endpoint = Defaults.orchestratorRPC,
             routes: Endpoint = Defaults.routes,
             timeout: Duration = Defaults.requestTimeout,
+            retry: RetryPolicy = RetryPolicy(),
+            deadline: Duration = Defaults.retryDeadline,
             name: String = "onboarding-client"
         ) {
             self.authRPC = authRPC
@@ -33,6 +52,8 @@ public final class OnboardingClient: Sendable {
             self.orchestratorRPC = orchestratorRPC
             self.routes = routes
             self.timeout = timeout
+            self.retry = retry
+            self.deadline = deadline
             self.name = name
         }
     }
@@ -66,11 +87,14 @@ public final class OnboardingClient: Sendable {
     // MARK: Signing in and out
 
     /// Signs in and keeps the session for later calls.
+    ///
+    /// Resent only when the request provably was not handled (see the type's notes on retries);
+    /// a `timeout` is thrown.
     @discardableResult
     public func signIn(provider: Provider, subject: String, idToken: String? = nil) async throws -> SignInResult {
-        let result = try await bus.call(
+        let result = try await call(
             SignIn(provider: provider, subject: subject, idToken: idToken), to: configuration.authRPC,
-            source: configuration.name, timeout: configuration.timeout)
+            retryingOn: ErrorCode.notHandled)
         currentSession.withLock {
             $0 = Session(uid: result.uid, sessionToken: result.sessionToken, provider: result.provider)
         }
@@ -78,12 +102,16 @@ public final class OnboardingClient: Sendable {
     }
 
     /// Ends the session. Cached data about the person is forgotten; the profile stays.
+    ///
+    /// Retried: a repeat of a sign-out that happened is answered as the first one was.
     public func signOut() async throws {
         _ = try await userCall(SignOut(), to: configuration.authRPC)
         currentSession.withLock { $0 = nil }
     }
 
     /// Deletes the account; the profile, username and images go with it.
+    ///
+    /// Retried: a repeat of a withdrawal that happened is answered as the first one was.
     public func withdraw() async throws {
         _ = try await userCall(Withdraw(), to: configuration.authRPC)
         currentSession.withLock { $0 = nil }
@@ -100,18 +128,29 @@ public final class OnboardingClient: Sendable {
     /// Whether `username` could be claimed now. Check the format locally first
     /// (``UsernameRules/formatProblem(_:)``), or use a ``UsernameChecker``.
     public func checkUsername(_ username: String) async throws -> UsernameAvailability {
-        try await bus.call(
-            CheckUsername(username: username), to: configuration.profileRPC, source: configuration.name,
-            timeout: configuration.timeout)
+        try await call(CheckUsername(username: username), to: configuration.profileRPC)
     }
 
     /// Sets up the profile: uploads `image` (if any), creates the profile, then the system
     /// sends `dismiss`.
     ///
-    /// - Parameter contentType: what you believe the image is; informational, the bytes decide.
-    public func setUpProfile(username: String, image: Data? = nil, contentType: String? = nil) async throws -> Profile {
+    /// Every attempt of one call carries the same idempotency key, so a set-up whose reply was
+    /// lost is answered, when resent, with the profile it created, rather than `profileExists`.
+    ///
+    /// - Parameters:
+    ///   - contentType: what you believe the image is; informational, the bytes decide.
+    ///   - idempotencyKey: the key for this set-up (see ``IdempotencyKey``); by default a new
+    ///     one. Pass your own to repeat a set-up across calls (an app that was stopped while
+    ///     waiting, say): keep it until the set-up has an answer, and use a new one for the next
+    ///     set-up the person confirms.
+    /// - Throws: `invalidRequest` for a malformed key, before anything is sent.
+    public func setUpProfile(
+        username: String, image: Data? = nil, contentType: String? = nil, idempotencyKey: String? = nil
+    ) async throws -> Profile {
+        let key = idempotencyKey ?? IdempotencyKey.make()
+        if let problem = IdempotencyKey.problem(key) { throw problem }
         let result = try await userCall(
-            SetUpProfile(username: username, contentType: contentType), to: configuration.orchestratorRPC,
+            SetUpProfile(username: username, contentType: contentType, idempotencyKey: key), to: configuration.orchestratorRPC,
             attachment: image)
         guard let profile = result.profile else {
             throw ServiceError(.invalidMessage, "The set-up was answered without a profile.")
@@ -122,6 +161,13 @@ public final class OnboardingClient: Sendable {
     /// The signed-in person's profile, or `nil` when they have none.
     public func profile() async throws -> Profile? {
         try await userCall(GetProfile(), to: configuration.profileRPC).profile
+    }
+
+    /// The route intent in force for the signed-in person (`onboarding.intent`): what the app
+    /// should show now, for an app that starts, or reconnects, after the intent was published.
+    /// Compare its `sequence` with live intents' to skip those it already reflects.
+    public func currentIntent() async throws -> RouteState {
+        try await userCall(CurrentIntent(), to: configuration.orchestratorRPC)
     }
 
     // MARK: Route intents
@@ -135,20 +181,28 @@ public final class OnboardingClient: Sendable {
         return RouteIntents(messages: messages)
     }
 
-    /// Asks a service whether it is up.
+    /// Asks a service whether it is up, retrying until ``Configuration/deadline`` while it is not.
     public func health(of endpoint: Endpoint) async throws -> HealthStatus {
-        try await bus.call(HealthCheck(), to: endpoint, source: configuration.name, timeout: configuration.timeout)
+        try await call(HealthCheck(), to: endpoint)
     }
 
+    /// A call for the signed-in person, retried (only requests that are safe to repeat come here).
     private func userCall<Request: APIRequest>(
         _ request: Request, to endpoint: Endpoint, attachment: Data? = nil
     ) async throws -> Request.Response {
         guard let session else {
             throw ServiceError(.unauthenticated, "Nobody is signed in. Sign in first.")
         }
-        return try await bus.call(
-            request, to: endpoint, source: configuration.name, sessionToken: session.sessionToken,
-            attachment: attachment, timeout: configuration.timeout)
+        return try await call(request, to: endpoint, sessionToken: session.sessionToken, attachment: attachment)
+    }
+
+    private func call<Request: APIRequest>(
+        _ request: Request, to endpoint: Endpoint, sessionToken: String? = nil, attachment: Data? = nil,
+        retryingOn codes: Set<ErrorCode> = ErrorCode.retryable
+    ) async throws -> Request.Response {
+        try await bus.callRetrying(
+            request, to: endpoint, source: configuration.name, sessionToken: sessionToken, attachment: attachment,
+            timeout: configuration.timeout, retry: configuration.retry, deadline: configuration.deadline, retryingOn: codes)
     }
 }
 

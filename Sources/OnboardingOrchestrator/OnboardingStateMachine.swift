@@ -327,6 +327,7 @@ public struct OnboardingStateMachine: Sendable {
     }
 }
 
+
 extension OnboardingStateMachine.Input {
     /// The person the input is about.
     public var uid: String {
@@ -340,19 +341,3 @@ extension OnboardingStateMachine.Input {
     }
 }
 
-/// Exponential backoff: `initial`, doubled each attempt, at most `maximum`.
-public struct RetryPolicy: Sendable, Hashable {
-    public var initial: Duration
-    public var maximum: Duration
-
-    public init(initial: Duration = .milliseconds(100), maximum: Duration = .seconds(5)) {
-        self.initial = initial
-        self.maximum = maximum
-    }
-
-    /// The wait before retry number `attempt` (1 is the first retry).
-    public func delay(attempt: Int) -> Duration {
-        let factor = 1 << min(max(attempt - 1, 0), 20)
-        return min(initial * factor, maximum)
-    }
-}

@@ -19,7 +19,7 @@ struct ProfileRequests: Sendable {
         dispatcher.on(CreateProfile.self, access: .service) { request, context in
             let profile = try await store.create(
                 uid: context.requireUID(), username: request.username, imagePath: request.imagePath,
-                correlationId: context.message.header.id)
+                idempotencyKey: request.idempotencyKey, correlationId: context.message.header.id)
             return ProfileResult(profile: profile)
         }
         dispatcher.on(UpdateProfile.self, access: .sessionOrService) { request, context in

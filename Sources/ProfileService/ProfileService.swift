@@ -11,6 +11,10 @@ import ServiceRuntime
 /// publishes `profile.created`, `profile.updated` and `profile.deleted` at
 /// ``Configuration/events``, each written in the same transaction as its change.
 ///
+/// `profile.create` with an `idempotencyKey` is safe to retry: the key is stored with the
+/// profile, and a create that repeats it is answered with that profile, publishing nothing
+/// (see ``ProfileStore/create(uid:username:imagePath:idempotencyKey:correlationId:)``).
+///
 /// Run it in a `ServiceGroup` (or a task): ``run()`` returns on graceful shutdown or
 /// cancellation, after the requests in flight have been answered.
 public struct ProfileService: Service {

@@ -44,7 +44,9 @@ public struct ProfileStore: Sendable {
         self.afterCommit = afterCommit
     }
 
-    /// The migrations of the profile database: the outbox and the `profile` table.
+    /// The migrations of the profile database: the outbox and the `profile` table, whose
+    /// `createKey` column (added by `profile-v2-create-key`) keeps the idempotency key of the
+    /// create that made each profile.
     public static func migrator() -> DatabaseMigrator {
         var migrator = DatabaseMigrator()
         Outbox.registerMigration(in: &migrator)
@@ -56,6 +58,11 @@ public struct ProfileStore: Sendable {
                 table.column("imagePath", .text)
                 table.column("createdAt", .text).notNull()
                 table.column("updatedAt", .text).notNull()
+            }
+        }
+        migrator.registerMigration("profile-v2-create-key") { db in
+            try db.alter(table: ProfileRow.databaseTableName) { table in
+                table.add(column: "createKey", .text)
             }
         }
         return migrator
@@ -108,21 +115,34 @@ public struct ProfileStore: Sendable {
     /// Creates the first profile of `uid`, storing the username's NFC form, and records
     /// `ProfileCreated`.
     ///
-    /// - Parameter correlationId: the request that caused it, carried by the event.
-    /// - Throws: `invalidUsername`, `invalidRequest` (an image path that is not `<uid>/<file>`), `profileExists`,
-    ///   `usernameTaken` or `storeUnavailable`.
-    public func create(uid: String, username: String, imagePath: String?, correlationId: String? = nil)
-        async throws(ServiceError) -> Profile
-    {
+    /// With an `idempotencyKey`, the key is stored with the profile, and a later create for
+    /// `uid` with the same key (a retry whose first reply was lost) is answered with the
+    /// profile as it is now, without recording a second event. The retry's username and image
+    /// path are not compared with the first request's: the key alone says it is the same
+    /// request. A create with another key, or with none, while the profile exists is
+    /// `profileExists`. Keys are compared exactly (letter case counts).
+    ///
+    /// - Parameters:
+    ///   - idempotencyKey: see ``IdempotencyKey``.
+    ///   - correlationId: the request that caused it, carried by the event.
+    /// - Throws: `invalidUsername`, `invalidRequest` (an image path that is not `<uid>/<file>`, or a
+    ///   malformed idempotency key), `profileExists`, `usernameTaken` or `storeUnavailable`.
+    public func create(
+        uid: String, username: String, imagePath: String?, idempotencyKey: String? = nil, correlationId: String? = nil
+    ) async throws(ServiceError) -> Profile {
+        if let problem = IdempotencyKey.problem(idempotencyKey) { throw problem }
         let username = try Self.validated(username)
         try Self.validate(imagePath: imagePath, of: uid)
         let (outbox, afterCommit) = (self.outbox, self.afterCommit)
         return try await run { db in
-            if try ProfileRow.exists(db, key: uid) { throw Self.profileExists }
+            if let existing = try ProfileRow.fetchOne(db, key: uid) {
+                guard let idempotencyKey, existing.createKey == idempotencyKey else { throw Self.profileExists }
+                return existing.profile
+            }
             let now = Timestamp.now()
             let row = ProfileRow(
                 uid: uid, username: username, usernameKey: UsernameRules.uniquenessKey(username),
-                imagePath: imagePath, createdAt: now, updatedAt: now)
+                imagePath: imagePath, createdAt: now, updatedAt: now, createKey: idempotencyKey)
             try Self.claimingUsername { try row.insert(db) }
             try outbox.append(ProfileCreated(profile: row.profile), uid: uid, correlationId: correlationId, in: db)
             Self.tell(afterCommit, uid: uid, profile: row.profile, in: db)
@@ -247,6 +267,8 @@ struct ProfileRow: Codable, Hashable, FetchableRecord, PersistableRecord {
     var imagePath: String?
     var createdAt: String
     var updatedAt: String
+    /// The idempotency key of the create that made this profile, if it had one.
+    var createKey: String? = nil
 
     var profile: Profile {
         Profile(uid: uid, username: username, imagePath: imagePath, createdAt: createdAt, updatedAt: updatedAt)

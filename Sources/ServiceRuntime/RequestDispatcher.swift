@@ -15,6 +15,13 @@ public enum Access: Sendable {
     case service
     /// Either of the two above: a `sessionToken` when there is one, otherwise the `uid`.
     case sessionOrService
+    /// An app ending its own session (auth's `auth.signOut` and `auth.withdraw`): the envelope
+    /// must carry a `sessionToken` (or the request is `unauthenticated`), but the handler checks
+    /// it, not the dispatcher, so that a retry that arrives after the session has ended can be
+    /// answered as the first request was. The context's `uid` is `nil`: the envelope's `uid` is
+    /// not trusted. Pass `replyUID` to ``RequestDispatcher/on(_:access:attachment:replyUID:_:)``
+    /// to name the person in the reply.
+    case endingSession
 }
 
 /// Whether a request takes a binary frame.
@@ -77,14 +84,18 @@ public struct RequestDispatcher: Sendable {
         logger.warning("\(source) has no service token: requests meant for our own services are accepted from anyone. Only for tests in one process.")
     }
 
-    /// Adds the handler for requests of type `Request.type`.
     /// Whether any route takes requests from our own services.
     private var hasServiceRoutes = false
 
+    /// Adds the handler for requests of type `Request.type`.
+    ///
+    /// - Parameter replyUID: the person the reply names, from the response; by default the
+    ///   request's resolved uid.
     public mutating func on<Request: APIRequest>(
         _: Request.Type,
         access: Access,
         attachment: AttachmentRule = .none,
+        replyUID: (@Sendable (Request.Response) -> String?)? = nil,
         _ handler: @escaping @Sendable (Request, RequestContext) async throws -> Request.Response
     ) {
         if case .service = access { hasServiceRoutes = true }
@@ -108,7 +119,7 @@ public struct RequestDispatcher: Sendable {
                 let uid = try await Self.resolveUID(
                     message: message, access: access, sessions: sessions, serviceToken: serviceToken)
                 let response = try await handler(request, RequestContext(message: message, uid: uid))
-                incoming.reply(type: Request.replyType, source: source, payload: response, uid: uid)
+                incoming.reply(type: Request.replyType, source: source, payload: response, uid: replyUID?(response) ?? uid)
             } catch let error as ServiceError {
                 incoming.fail(error, source: source)
             } catch {
@@ -121,10 +132,14 @@ public struct RequestDispatcher: Sendable {
     private static func resolveUID(
         message: Message, access: Access, sessions: (any SessionVerifier)?, serviceToken: String?
     ) async throws -> String? {
-        func verifiedSession() async throws -> String {
+        func presentToken() throws -> String {
             guard let token = message.header.sessionToken, !token.isEmpty else {
                 throw ServiceError(.unauthenticated, "This request needs the sessionToken from auth.signIn. Sign in first.")
             }
+            return token
+        }
+        func verifiedSession() async throws -> String {
+            let token = try presentToken()
             guard let sessions else {
                 throw ServiceError(.internalError, "This service cannot verify sessions.")
             }
@@ -150,6 +165,9 @@ public struct RequestDispatcher: Sendable {
             if message.header.sessionToken != nil { return try await verifiedSession() }
             if serviceToken == nil || message.header.serviceToken != nil { return try namedByService() }
             return try await verifiedSession()
+        case .endingSession:
+            _ = try presentToken()
+            return nil
         }
     }
 

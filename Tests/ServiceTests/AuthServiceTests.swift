@@ -192,7 +192,7 @@ struct AuthServiceTests {
             let tablet = try await signIn(.google, "alice")
             #expect(try await signOut(token: phone.sessionToken).uid == phone.uid)
             await expectError(.unauthenticated) { try await verify(phone.sessionToken) }
-            await expectError(.unauthenticated) { try await signOut(token: phone.sessionToken) }
+            await expectError(.unauthenticated) { try await withdraw(token: phone.sessionToken) }
             #expect(try await verify(tablet.sessionToken).uid == tablet.uid)
         }
     }

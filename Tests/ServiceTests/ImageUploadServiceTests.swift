@@ -233,7 +233,8 @@ struct ImageUploadServiceTests {
         "a delete path that is not exactly the person's own image is refused",
         arguments: [
             "../x", "{other}/{file}", "/etc/passwd", "{root}/{uid}/{file}", "{uid}/../{uid}/{file}", "{uid}/{file}/",
-            "{uid}//{file}", "{uid}/", "{uid}", "", "{uid}/.", "{uid}/..", "{uid}/not-a-uuid.png",
+            "{uid}//{file}", "{uid}/", "{uid}", "", "{uid}/.", "{uid}/..", "{uid}/not a name.png", "{uid}/{file}.gif",
+            "{uid}/.upload-x.tmp",
         ])
     func deleteTraversal(template: String) async throws {
         try await withImages { directory in
