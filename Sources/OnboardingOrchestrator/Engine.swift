@@ -228,10 +228,21 @@ final class Engine: Sendable {
     }
 
     /// A call to another service on behalf of `uid`, with the service token.
+    ///
+    /// - Parameter retrying: the call is safe to repeat: resend it after a timeout or while the
+    ///   service restarts, for up to two call timeouts. The state machine retries checks and
+    ///   clean-ups itself, with backoff and without end.
     private func call<Request: APIRequest>(
-        _ request: Request, to endpoint: Endpoint, uid: String, correlationId: String? = nil, attachment: Data? = nil
+        _ request: Request, to endpoint: Endpoint, uid: String, correlationId: String? = nil, attachment: Data? = nil,
+        retrying: Bool = false
     ) async throws -> Request.Response {
-        try await bus.call(
+        if retrying {
+            return try await bus.callRetrying(
+                request, to: endpoint, source: source, uid: uid, serviceToken: configuration.serviceToken,
+                correlationId: correlationId, attachment: attachment, timeout: configuration.callTimeout,
+                retry: RetryPolicy(initial: .milliseconds(50), maximum: .milliseconds(500)), deadline: configuration.callTimeout * 2)
+        }
+        return try await bus.call(
             request, to: endpoint, source: source, uid: uid, serviceToken: configuration.serviceToken,
             correlationId: correlationId, attachment: attachment, timeout: configuration.callTimeout)
     }
@@ -318,7 +329,7 @@ final class Engine: Sendable {
                 do {
                     let stored = try await call(
                         UploadImage(contentType: request.contentType, idempotencyKey: key), to: configuration.imageRPC,
-                        uid: uid, correlationId: correlationId, attachment: image)
+                        uid: uid, correlationId: correlationId, attachment: image, retrying: true)
                     step = saga.next(after: .uploaded(path: stored.path))
                 } catch {
                     step = saga.next(after: .uploadFailed(Self.serviceError(error)))
@@ -328,7 +339,7 @@ final class Engine: Sendable {
                 do {
                     let created = try await call(
                         CreateProfile(username: username, imagePath: imagePath, idempotencyKey: key),
-                        to: configuration.profileRPC, uid: uid, correlationId: correlationId)
+                        to: configuration.profileRPC, uid: uid, correlationId: correlationId, retrying: true)
                     guard let profile = created.profile else {
                         throw ServiceError(.invalidMessage, "profile.create answered without a profile.")
                     }
@@ -338,14 +349,14 @@ final class Engine: Sendable {
                 }
             case .lookUpProfile:
                 do {
-                    step = saga.next(after: .lookedUp(try await call(GetProfile(), to: configuration.profileRPC, uid: uid).profile))
+                    step = saga.next(after: .lookedUp(try await call(GetProfile(), to: configuration.profileRPC, uid: uid, retrying: true).profile))
                 } catch {
                     step = saga.next(after: .lookUpFailed(Self.serviceError(error)))
                 }
             case .deleteImage(let path):
-                step = await deleteImages(uid: uid, saga: &saga) { try await self.call(DeleteImage(path: path), to: self.configuration.imageRPC, uid: uid) }
+                step = await deleteImages(uid: uid, saga: &saga) { try await self.call(DeleteImage(path: path), to: self.configuration.imageRPC, uid: uid, retrying: true) }
             case .deleteStrayImages(let keep):
-                step = await deleteImages(uid: uid, saga: &saga) { try await self.call(DeleteAllImages(keep: keep), to: self.configuration.imageRPC, uid: uid) }
+                step = await deleteImages(uid: uid, saga: &saga) { try await self.call(DeleteAllImages(keep: keep), to: self.configuration.imageRPC, uid: uid, retrying: true) }
             case .succeed(let profile):
                 // The reply means `dismiss` is stored (and on its way).
                 try await sendAndWait([.profileCreated(uid: uid)])
