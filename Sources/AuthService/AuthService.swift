@@ -16,9 +16,11 @@ import ServiceRuntime
 ///   withdrawal of a session that was withdrawn answers the same uid and publishes nothing; one
 ///   of a session that was only signed out is `unauthenticated`.
 /// - `auth.verifySession` (open): which uid a token belongs to, or `unauthenticated`.
+/// - `events.after` (service): the recorded events after a sequence number, for replay.
 ///
 /// Each event is written to the outbox in the same transaction as the change it reports and
-/// published at ``Configuration/events`` after commit.
+/// published at ``Configuration/events`` after commit. The outbox keeps events for
+/// ``Configuration/eventRetention``.
 ///
 /// Thread safety: a value type; ``run()`` is called once, from a `ServiceGroup` or a test task.
 public struct AuthService: Service {
@@ -32,17 +34,26 @@ public struct AuthService: Service {
         /// Accept sign-ins by provider subject alone, without an ID token (local use only).
         /// Ignored when an ``IdentityVerifier`` is given to ``AuthService/init(configuration:bus:logger:identities:)``.
         public var devMode: Bool
+        /// The secret service-only requests (`events.after`) must carry; `nil` trusts every
+        /// caller (tests only).
+        public var serviceToken: String?
+        /// How long published events are kept for replay.
+        public var eventRetention: Outbox.Retention
 
         public init(
             rpc: Endpoint = Defaults.authRPC,
             events: Endpoint = Defaults.authEvents,
             databasePath: String? = nil,
-            devMode: Bool = false
+            devMode: Bool = false,
+            serviceToken: String? = nil,
+            eventRetention: Outbox.Retention = Outbox.Retention()
         ) {
             self.rpc = rpc
             self.events = events
             self.databasePath = databasePath
             self.devMode = devMode
+            self.serviceToken = serviceToken
+            self.eventRetention = eventRetention
         }
     }
 
@@ -99,14 +110,20 @@ public struct AuthService: Service {
         let store = AuthStore(database: database, outbox: Outbox(source: ServiceName.auth, publisher: publisher), logger: logger)
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc,
-            dispatcher: Self.dispatcher(store: store, identities: identities, logger: logger), logger: logger)
-        try await withCheckpoints(path: configuration.databasePath, logger: logger) {
-            try await server.run()
+            dispatcher: Self.dispatcher(
+                store: store, identities: identities, serviceToken: configuration.serviceToken, logger: logger),
+            logger: logger)
+        try await withEventRetention(configuration.eventRetention, database: database, logger: logger) {
+            try await withCheckpoints(path: configuration.databasePath, logger: logger) {
+                try await server.run()
+            }
         }
     }
 
-    private static func dispatcher(store: AuthStore, identities: any IdentityVerifier, logger: Logger) -> RequestDispatcher {
-        var dispatcher = RequestDispatcher(source: ServiceName.auth, sessions: store, serviceToken: nil, logger: logger)
+    private static func dispatcher(
+        store: AuthStore, identities: any IdentityVerifier, serviceToken: String?, logger: Logger
+    ) -> RequestDispatcher {
+        var dispatcher = RequestDispatcher(source: ServiceName.auth, sessions: store, serviceToken: serviceToken, logger: logger)
         dispatcher.on(SignIn.self, access: .open) { request, context in
             let subject = try await identities.verify(
                 provider: request.provider, subject: request.subject, idToken: request.idToken)
@@ -135,6 +152,7 @@ public struct AuthService: Service {
         dispatcher.on(VerifySession.self, access: .open) { request, _ in
             AccountResult(uid: try await store.uid(forSessionToken: request.sessionToken))
         }
+        dispatcher.onEventsAfter(database: store.database)
         return dispatcher
     }
 }

@@ -21,6 +21,9 @@ public enum Defaults {
     public static let dataDirectory = ".data"
     /// `ONBOARDING_MAX_IMAGE_BYTES`: the largest image accepted.
     public static let maxImageBytes = 5 * 1024 * 1024
+    /// `ONBOARDING_EVENT_RETENTION_HOURS`: how long auth and profile keep published events for
+    /// subscribers to replay (`events.after`).
+    public static let eventRetentionHours = 24
     /// How long a call waits for its reply before it fails with `timeout`.
     public static let requestTimeout: Duration = .seconds(3)
     /// How long a call that is safe to repeat keeps trying, over all its attempts, before it

@@ -35,4 +35,16 @@ public enum Settings {
         }
         return limit
     }
+
+    /// How many hours of events a publisher keeps for replay: `--event-retention-hours`,
+    /// `ONBOARDING_EVENT_RETENTION_HOURS`, or 24.
+    ///
+    /// - Throws: ``ServiceError`` `invalidRequest` unless it is from 1 hour to 10 years (87600).
+    public static func eventRetentionHours(_ flag: Int?) throws -> Int {
+        let hours = try integer(flag, env: "ONBOARDING_EVENT_RETENTION_HOURS", default: Defaults.eventRetentionHours)
+        guard (1...87_600).contains(hours) else {
+            throw ServiceError(.invalidRequest, "The event retention must be from 1 to 87600 hours, not \(hours).")
+        }
+        return hours
+    }
 }

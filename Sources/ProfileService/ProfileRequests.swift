@@ -41,6 +41,7 @@ struct ProfileRequests: Sendable {
             cache.remove(try context.requireUID())
             return Acknowledged()
         }
+        dispatcher.onEventsAfter(database: store.writer)
         return dispatcher
     }
 

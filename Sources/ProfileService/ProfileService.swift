@@ -7,9 +7,10 @@ import ServiceRuntime
 /// The profile service: profiles and usernames, answered over the bus.
 ///
 /// It answers `profile.get`, `profile.create`, `profile.update`, `profile.delete`,
-/// `profile.checkUsername`, `profile.evictCache` and `health` at ``Configuration/rpc``, and
-/// publishes `profile.created`, `profile.updated` and `profile.deleted` at
-/// ``Configuration/events``, each written in the same transaction as its change.
+/// `profile.checkUsername`, `profile.evictCache`, `events.after` and `health` at
+/// ``Configuration/rpc``, and publishes `profile.created`, `profile.updated` and
+/// `profile.deleted` at ``Configuration/events``, each written in the same transaction as its
+/// change and kept in the outbox for ``Configuration/eventRetention``.
 ///
 /// `profile.create` with an `idempotencyKey` is safe to retry: the key is stored with the
 /// profile, and a create that repeats it is answered with that profile, publishing nothing
@@ -32,6 +33,8 @@ public struct ProfileService: Service {
         public var cacheCapacity: Int
         /// The secret service-only requests must carry; `nil` trusts every caller (tests only).
         public var serviceToken: String?
+        /// How long published events are kept for replay (`events.after`).
+        public var eventRetention: Outbox.Retention
 
         public static let defaultCacheCapacity = 100_000
 
@@ -41,7 +44,8 @@ public struct ProfileService: Service {
             authRPC: Endpoint = Defaults.authRPC,
             databasePath: String? = nil,
             cacheCapacity: Int = Configuration.defaultCacheCapacity,
-            serviceToken: String? = nil
+            serviceToken: String? = nil,
+            eventRetention: Outbox.Retention = Outbox.Retention()
         ) {
             self.rpc = rpc
             self.events = events
@@ -49,6 +53,7 @@ public struct ProfileService: Service {
             self.databasePath = databasePath
             self.cacheCapacity = cacheCapacity
             self.serviceToken = serviceToken
+            self.eventRetention = eventRetention
         }
     }
 
@@ -103,8 +108,10 @@ public struct ProfileService: Service {
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc, limits: Self.rpcLimits,
             dispatcher: requests.dispatcher(sessions: sessions, serviceToken: configuration.serviceToken, logger: logger), logger: logger)
-        try await withCheckpoints(path: configuration.databasePath, logger: logger) {
-            try await server.run()
+        try await withEventRetention(configuration.eventRetention, database: writer, logger: logger) {
+            try await withCheckpoints(path: configuration.databasePath, logger: logger) {
+                try await server.run()
+            }
         }
     }
 }

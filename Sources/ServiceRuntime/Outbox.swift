@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import Logging
 import Messaging
 import OnboardingAPI
 
@@ -58,5 +59,160 @@ public final class Outbox: Sendable {
             try? publisher.publish(OutgoingMessage(topic: topic, body: body))
         }
         return sequence
+    }
+}
+
+// MARK: - Replay
+
+extension Outbox {
+    /// The page size of `events.after` when the request gives no `limit`.
+    public static let defaultPageSize = 500
+
+    /// The events recorded after `sequence`, oldest first: at most `limit` of them (by default
+    /// ``defaultPageSize``, never more than ``EventsAfter/maximumLimit``).
+    ///
+    /// Run it inside one read (or write) so the page and its bounds come from one snapshot.
+    /// ``EventPage/lastSequence`` is the largest sequence ever assigned (`sqlite_sequence`), so it
+    /// stays right after old rows are pruned or when every row is gone.
+    ///
+    /// - Throws: ``ServiceError`` `invalidRequest` when `limit` is below 1; database errors.
+    public static func events(after sequence: UInt64, limit: Int? = nil, in db: Database) throws -> EventPage {
+        if let limit, limit < 1 {
+            throw ServiceError(
+                .invalidRequest,
+                "limit must be at least 1 (or left out for \(defaultPageSize)); it was \(limit).")
+        }
+        let pageSize = min(limit ?? defaultPageSize, EventsAfter.maximumLimit)
+        let rows = try Row.fetchAll(
+            db, sql: "SELECT sequence, topic, envelope FROM outbox WHERE sequence > ? ORDER BY sequence LIMIT ?",
+            arguments: [Int64(clamping: sequence), pageSize])
+        let events = rows.map { row in
+            RecordedEvent(
+                sequence: UInt64(clamping: row["sequence"] as Int64),
+                topic: row["topic"],
+                envelope: String(decoding: row["envelope"] as Data, as: UTF8.self))
+        }
+        let first = try Int64.fetchOne(db, sql: "SELECT MIN(sequence) FROM outbox") ?? 0
+        let last = try Int64.fetchOne(db, sql: "SELECT seq FROM sqlite_sequence WHERE name = 'outbox'") ?? 0
+        return EventPage(events: events, firstSequence: UInt64(clamping: first), lastSequence: UInt64(clamping: last))
+    }
+}
+
+extension RequestDispatcher {
+    /// Answers `events.after` from the outbox in `database`, to callers with the service token
+    /// (no `uid` needed): the page after the request's `sequence`, from one snapshot.
+    ///
+    /// A `limit` below 1 is refused with `invalidRequest`; a larger one than
+    /// ``EventsAfter/maximumLimit`` is cut down to it.
+    public mutating func onEventsAfter(database: any DatabaseWriter) {
+        let logger = self.logger
+        on(EventsAfter.self, access: .serviceWithoutUID) { request, _ in
+            try await withStore(database, write: false, logger: logger) { db in
+                try Outbox.events(after: request.sequence, limit: request.limit, in: db)
+            }
+        }
+    }
+}
+
+// MARK: - Retention
+
+extension Outbox {
+    /// How long published events stay in the outbox for subscribers to replay.
+    ///
+    /// An event is pruned once it is older than ``maxAge`` or more than ``maxEvents`` sequence
+    /// numbers behind the newest. Pruning only ever removes the oldest events, so what is kept
+    /// is always one unbroken run of sequence numbers.
+    public struct Retention: Sendable, Hashable {
+        public var maxAge: Duration
+        public var maxEvents: Int
+
+        public init(maxAge: Duration = .seconds(Defaults.eventRetentionHours * 3600), maxEvents: Int = 1_000_000) {
+            self.maxAge = maxAge
+            self.maxEvents = maxEvents
+        }
+
+        /// The `createdAt` text below which events are too old at `now`.
+        ///
+        /// `createdAt` is RFC 3339 in UTC with milliseconds, so text order is time order.
+        func cutoff(now: Date) -> String {
+            let (seconds, attoseconds) = maxAge.components
+            return Timestamp.format(now.addingTimeInterval(-(Double(seconds) + Double(attoseconds) / 1e18)))
+        }
+
+        /// The newest sequence one pruning step deletes (everything at or below it), or `nil`
+        /// when nothing is to go.
+        ///
+        /// - Parameters:
+        ///   - oldest: the oldest sequence kept; `newest`: the newest.
+        ///   - chunkEnd: the last sequence this step may reach (it bounds the transaction).
+        ///   - firstYoung: the oldest sequence up to `chunkEnd` that is not too old (`nil`: none).
+        func pruneBound(oldest: Int64, newest: Int64, chunkEnd: Int64, firstYoung: Int64?) -> Int64? {
+            let beyondCount = newest - Int64(max(0, maxEvents))
+            let beyondAge = (firstYoung ?? (chunkEnd + 1)) - 1
+            let bound = min(chunkEnd, max(beyondCount, beyondAge))
+            return bound >= oldest ? bound : nil
+        }
+    }
+
+    /// Deletes the events `retention` no longer keeps, oldest first, at most `chunkSize`
+    /// sequence numbers per transaction so that writers never wait long.
+    ///
+    /// - Returns: how many events were deleted.
+    /// - Throws: database errors, or `CancellationError` between chunks.
+    @discardableResult
+    public static func prune(
+        _ retention: Retention, now: Date = Date(), chunkSize: Int = 10_000, in writer: any DatabaseWriter
+    ) async throws -> Int {
+        let cutoff = retention.cutoff(now: now)
+        let chunk = Int64(max(1, chunkSize))
+        var deleted = 0
+        while true {
+            try Task.checkCancellation()
+            let (count, more) = try await writer.write { db -> (Int, Bool) in
+                guard let oldest = try Int64.fetchOne(db, sql: "SELECT MIN(sequence) FROM outbox"),
+                    let newest = try Int64.fetchOne(db, sql: "SELECT MAX(sequence) FROM outbox")
+                else { return (0, false) }
+                let chunkEnd = oldest + chunk - 1
+                let firstYoung = try Int64.fetchOne(
+                    db, sql: "SELECT MIN(sequence) FROM outbox WHERE sequence BETWEEN ? AND ? AND createdAt >= ?",
+                    arguments: [oldest, chunkEnd, cutoff])
+                guard
+                    let bound = retention.pruneBound(
+                        oldest: oldest, newest: newest, chunkEnd: chunkEnd, firstYoung: firstYoung)
+                else { return (0, false) }
+                try db.execute(sql: "DELETE FROM outbox WHERE sequence <= ?", arguments: [bound])
+                return (db.changesCount, bound == chunkEnd && bound < newest)
+            }
+            deleted += count
+            if !more { return deleted }
+        }
+    }
+}
+
+/// Runs `body` while the outbox in `database` is pruned to `retention`: once at start, then every
+/// `interval`, in a child task and in chunks (see ``Outbox/prune(_:now:chunkSize:in:)``).
+///
+/// A failed pruning is logged and tried again at the next interval.
+public func withEventRetention<T: Sendable>(
+    _ retention: Outbox.Retention, database: any DatabaseWriter, every interval: Duration = .seconds(60),
+    logger: Logger, _ body: () async throws -> T
+) async throws -> T {
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        group.addTask {
+            repeat {
+                do {
+                    let deleted = try await Outbox.prune(retention, in: database)
+                    if deleted > 0 {
+                        logger.info("pruned \(deleted) events past the retention window (\(retention.maxAge), \(retention.maxEvents) events)")
+                    }
+                } catch {
+                    if Task.isCancelled { return }
+                    logger.error("pruning the outbox failed: \(error); it grows until a later pruning succeeds")
+                }
+            } while (try? await Task.sleep(for: interval)) != nil
+        }
+        let result = try await body()
+        group.cancelAll()
+        return result
     }
 }

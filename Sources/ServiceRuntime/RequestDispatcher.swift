@@ -22,6 +22,9 @@ public enum Access: Sendable {
     /// not trusted. Pass `replyUID` to ``RequestDispatcher/on(_:access:attachment:replyUID:_:)``
     /// to name the person in the reply.
     case endingSession
+    /// Another service of ours, on a request about no one in particular (such as
+    /// `events.after`): the envelope must carry the service token; a `uid` is not needed.
+    case serviceWithoutUID
 }
 
 /// Whether a request takes a binary frame.
@@ -60,7 +63,7 @@ public struct RequestDispatcher: Sendable {
     public let source: String
     private let sessions: (any SessionVerifier)?
     private let serviceToken: String?
-    private let logger: Logger
+    let logger: Logger
     private var handlers: [String: Handler] = [:]
     private let startedAt = Timestamp.now()
     /// How the service follows other services' events, for `health` replies.
@@ -100,6 +103,7 @@ public struct RequestDispatcher: Sendable {
     ) {
         if case .service = access { hasServiceRoutes = true }
         if case .sessionOrService = access { hasServiceRoutes = true }
+        if case .serviceWithoutUID = access { hasServiceRoutes = true }
         let source = self.source
         let sessions = self.sessions
         let serviceToken = self.serviceToken
@@ -145,13 +149,16 @@ public struct RequestDispatcher: Sendable {
             }
             return try await sessions.uid(forSessionToken: token)
         }
-        func namedByService() throws -> String {
+        func checkServiceToken() throws {
             if let serviceToken, !constantTimeEqual(message.header.serviceToken ?? "", serviceToken) {
                 throw ServiceError(
                     .unauthenticated,
                     "\(message.header.type) is for our own services only (it needs the service token). "
                         + "Apps call it with the sessionToken from auth.signIn, where the request allows that.")
             }
+        }
+        func namedByService() throws -> String {
+            try checkServiceToken()
             guard let uid = message.header.uid, !uid.isEmpty else {
                 throw ServiceError(.invalidRequest, "This request must name a person in the envelope's uid.")
             }
@@ -161,6 +168,9 @@ public struct RequestDispatcher: Sendable {
         case .open: return message.header.uid
         case .session: return try await verifiedSession()
         case .service: return try namedByService()
+        case .serviceWithoutUID:
+            try checkServiceToken()
+            return message.header.uid
         case .sessionOrService:
             if message.header.sessionToken != nil { return try await verifiedSession() }
             if serviceToken == nil || message.header.serviceToken != nil { return try namedByService() }

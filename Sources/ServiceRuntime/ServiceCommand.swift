@@ -134,3 +134,20 @@ public struct ServiceTokenFile: Sendable {
         return token.isEmpty ? nil : token
     }
 }
+
+/// Options of a service that publishes events from an outbox (auth, profile).
+public struct EventRetentionOptions: ParsableArguments {
+    @Option(
+        name: .long,
+        help: "How many hours of published events to keep for subscribers to replay (1 to 87600). Env: ONBOARDING_EVENT_RETENTION_HOURS. Default: \(Defaults.eventRetentionHours)")
+    public var eventRetentionHours: Int?
+
+    public init() {}
+
+    /// The retention window: the flag, the environment, or the default.
+    ///
+    /// - Throws: ``ServiceError`` `invalidRequest` when the hours are out of range.
+    public func retention() throws -> Outbox.Retention {
+        Outbox.Retention(maxAge: .seconds(try Settings.eventRetentionHours(eventRetentionHours) * 3600))
+    }
+}

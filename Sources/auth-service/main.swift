@@ -24,6 +24,8 @@ struct AuthServiceCommand: AsyncParsableCommand {
 
     @OptionGroup var common: CommonServiceOptions
 
+    @OptionGroup var retention: EventRetentionOptions
+
     func run() async throws {
         ServiceHost.bootstrapLogging(level: common.level)
         let logger = Logger(label: ServiceName.auth)
@@ -31,7 +33,9 @@ struct AuthServiceCommand: AsyncParsableCommand {
             rpc: Settings.endpoint(rpc, env: "ONBOARDING_AUTH_RPC", default: Defaults.authRPC),
             events: Settings.endpoint(events, env: "ONBOARDING_AUTH_EVENTS", default: Defaults.authEvents),
             databasePath: database ?? Settings.environment("ONBOARDING_AUTH_DATABASE") ?? "\(common.dataDirectory)/auth.sqlite",
-            devMode: devMode || ["1", "true"].contains(Settings.environment("ONBOARDING_AUTH_DEV_MODE")?.lowercased()))
+            devMode: devMode || ["1", "true"].contains(Settings.environment("ONBOARDING_AUTH_DEV_MODE")?.lowercased()),
+            serviceToken: try common.resolvedServiceToken(),
+            eventRetention: try retention.retention())
         try await ServiceHost.run(name: ServiceName.auth, logger: logger) { bus in
             [try AuthService(configuration: configuration, bus: bus, logger: logger)]
         }

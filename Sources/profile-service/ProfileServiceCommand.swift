@@ -28,6 +28,8 @@ struct ProfileServiceCommand: AsyncParsableCommand {
 
     @OptionGroup var common: CommonServiceOptions
 
+    @OptionGroup var retention: EventRetentionOptions
+
     func validate() throws {
         if let cacheCapacity, cacheCapacity < 1 {
             throw ValidationError("--cache-capacity must be at least 1.")
@@ -44,7 +46,8 @@ struct ProfileServiceCommand: AsyncParsableCommand {
             databasePath: database ?? Settings.environment("ONBOARDING_PROFILE_DATABASE")
                 ?? URL(fileURLWithPath: common.dataDirectory).appendingPathComponent("profile.sqlite").path,
             cacheCapacity: cacheCapacity ?? ProfileService.Configuration.defaultCacheCapacity,
-            serviceToken: try common.resolvedServiceToken())
+            serviceToken: try common.resolvedServiceToken(),
+            eventRetention: try retention.retention())
         try await ServiceHost.run(name: ServiceName.profile, logger: logger) { bus in
             [try ProfileService(configuration: configuration, bus: bus, logger: logger)]
         }

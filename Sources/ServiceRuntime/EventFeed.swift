@@ -1,0 +1,469 @@
+import Foundation
+import Logging
+import Messaging
+import OnboardingAPI
+import Synchronization
+
+/// Follows one publisher's events so that none is lost, none is handled twice, and all are
+/// handled in sequence order: the live stream, with gaps filled from the publisher's record.
+///
+/// The zguide's Clone pattern: subscribe to the live stream first, then fetch what was recorded
+/// after the subscriber's cursor with `events.after` until caught up, then follow the live
+/// stream. A live event with a number at or below the cursor is dropped (counted in
+/// ``FeedStatistics/duplicatesDropped``); one that skips numbers (a lost message, a full queue,
+/// the ZeroMQ slow joiner) makes the feed fetch from the cursor again. When nothing arrives
+/// live for `idleCheck`, the feed asks anyway, which finds a lost last event and a publisher
+/// that restarted.
+///
+/// The live subscription takes every topic of the publisher, so its numbers have no gaps of
+/// their own; only events whose topic starts with one of `topics` reach the handler.
+///
+/// Thread safety: immutable apart from the statistics, which sit behind a mutex. Call
+/// ``run(after:handle:)`` from one task at a time.
+public final class EventFeed: Sendable {
+    /// Handles one batch of events, oldest first, then stores `through` as the subscriber's
+    /// cursor (best in the same transaction as the batch's effects).
+    ///
+    /// `through` is the sequence of the last event the batch covers, including events of other
+    /// topics that were filtered out, so `batch` may be empty. It is smaller than before only
+    /// when the publisher's store was reset. A handler that throws gets the same batch again
+    /// after a backoff.
+    public typealias Handler = @Sendable (_ batch: [Message], _ through: UInt64) async throws -> Void
+
+    public let events: Endpoint
+    public let replay: Endpoint
+    public let topics: [String]
+    private let bus: any MessageBus
+    private let source: String
+    private let serviceToken: String?
+    private let pageSize: Int
+    private let idleCheck: Duration
+    private let callTimeout: Duration
+    private let retry: Backoff
+    private let limits: MessageLimits
+    private let logger: Logger
+    private let shared: Mutex<FeedStatistics>
+
+    /// - Parameters:
+    ///   - events: the publisher's event endpoint (PUB).
+    ///   - replay: the publisher's request endpoint, which answers `events.after`.
+    ///   - topics: topic prefixes of the events to handle (`""`: every event).
+    ///   - source: the name this feed signs its `events.after` requests with.
+    ///   - serviceToken: the services' shared secret, which `events.after` requires.
+    ///   - pageSize: the most events asked for at once, and the largest batch handed over.
+    ///   - idleCheck: how long the live stream may be quiet before the feed asks anyway.
+    ///   - callTimeout: how long one `events.after` call waits for its reply.
+    ///   - retry: the waits between failed calls, and after a handler failure.
+    ///   - limits: the live subscription's limits; a full queue drops events that are then
+    ///     fetched instead.
+    public init(
+        bus: any MessageBus, events: Endpoint, replay: Endpoint, topics: [String] = [""], source: String,
+        serviceToken: String?, pageSize: Int = Outbox.defaultPageSize, idleCheck: Duration = .seconds(1),
+        callTimeout: Duration = .seconds(2), retry: Backoff = Backoff(), limits: MessageLimits = MessageLimits(),
+        logger: Logger
+    ) {
+        self.bus = bus
+        self.events = events
+        self.replay = replay
+        self.topics = topics
+        self.source = source
+        self.serviceToken = serviceToken
+        self.pageSize = min(max(1, pageSize), EventsAfter.maximumLimit)
+        self.idleCheck = idleCheck
+        self.callTimeout = callTimeout
+        self.retry = retry
+        self.limits = limits
+        self.logger = logger
+        self.shared = Mutex(FeedStatistics(publisher: replay.rawValue, sequence: 0))
+    }
+
+    /// What the feed has done so far; ``FeedStatistics/sequence`` is the last sequence handled.
+    public var statistics: FeedStatistics {
+        shared.withLock { $0 }
+    }
+
+    /// Hands every event after `cursor` to `handle`, once each and in sequence order, in batches
+    /// (a replayed page, or the consecutive live events already queued). Returns when the
+    /// calling task is cancelled.
+    ///
+    /// Failed `events.after` calls are retried with backoff for as long as it takes: the feed
+    /// never skips an event it could still get. Only events the publisher has pruned are
+    /// skipped; they are logged and counted in ``FeedStatistics/lost``.
+    public func run(after cursor: UInt64, handle: Handler) async {
+        var progress = FeedProgress(
+            topics: topics, statistics: shared.withLock { statistics in
+                statistics.sequence = cursor
+                return statistics
+            })
+        while !Task.isCancelled {
+            guard let stream = await subscribe() else { return }
+            let mailbox = LiveMailbox(capacity: limits.queueLimit)
+            await withDiscardingTaskGroup { group in
+                group.addTask {
+                    for await message in stream { mailbox.push(message) }
+                    mailbox.finish()
+                }
+                await follow(mailbox, progress: &progress, handle: handle)
+                group.cancelAll()
+            }
+            if !Task.isCancelled {
+                logger.warning("the live stream from \(events) ended; subscribing again")
+            }
+        }
+    }
+
+    // MARK: Following
+
+    /// Catches up, then follows the live stream until it ends or the task is cancelled.
+    private func follow(_ mailbox: LiveMailbox, progress: inout FeedProgress, handle: Handler) async {
+        guard await catchUp(&progress, handle: handle) else { return }
+        var pending: [Message] = []
+        while !Task.isCancelled {
+            if pending.isEmpty {
+                switch await mailbox.wait(timeout: idleCheck) {
+                case .finished:
+                    return
+                case .timedOut:
+                    if Task.isCancelled { return }
+                    guard await catchUp(&progress, handle: handle) else { return }
+                    continue
+                case .ready:
+                    pending = mailbox.take(max: pageSize)
+                }
+            }
+            let step = progress.planLive(&pending)
+            share(progress)
+            if step.through != progress.cursor {
+                guard await deliver(step.batch, through: step.through, replayed: false, &progress, handle: handle)
+                else { return }
+            }
+            if let gap = step.gap {
+                logger.debug("live event \(gap) came after \(progress.cursor) from \(events); fetching what is missing")
+                guard await catchUp(&progress, handle: handle) else { return }
+            }
+        }
+    }
+
+    /// Fetches and hands over pages after the cursor until it reaches the publisher's newest
+    /// event. Returns `false` when cancelled.
+    private func catchUp(_ progress: inout FeedProgress, handle: Handler) async -> Bool {
+        while true {
+            guard let page = await fetchPage(after: progress.cursor) else { return false }
+            let before = progress.cursor
+            let step = progress.planPage(page)
+            share(progress)
+            if step.reset {
+                logger.warning(
+                    "\(replay) has recorded events only up to \(page.lastSequence), but this feed was at \(before): its store was reset; following it from the start")
+            }
+            if step.lost > 0 {
+                logger.error(
+                    "\(step.lost) events after \(before) from \(replay) were pruned before they could be fetched; they are lost. Continuing from \(step.through)")
+            }
+            for sequence in step.unreadable {
+                logger.error("recorded event \(sequence) from \(replay) cannot be read; skipping it")
+            }
+            if step.through != progress.cursor || !step.batch.isEmpty {
+                guard await deliver(step.batch, through: step.through, replayed: true, &progress, handle: handle)
+                else { return false }
+            }
+            if step.caughtUp { return true }
+        }
+    }
+
+    /// Hands a batch to `handle` until it succeeds. Returns `false` when cancelled.
+    private func deliver(
+        _ batch: [Message], through: UInt64, replayed: Bool, _ progress: inout FeedProgress, handle: Handler
+    ) async -> Bool {
+        var attempt = 0
+        while !Task.isCancelled {
+            do {
+                try await handle(batch, through)
+                progress.handled(batch.count, through: through, replayed: replayed)
+                share(progress)
+                return true
+            } catch {
+                if Task.isCancelled { return false }
+                attempt += 1
+                let delay = retry.delay(attempt: attempt)
+                let range = batch.isEmpty ? "up to \(through)" : "\(batch[0].header.sequence)...\(through)"
+                logger.error("handling events \(range) from \(events) failed (\(error)); retry \(attempt) in \(delay)")
+                guard (try? await Task.sleep(for: delay)) != nil else { return false }
+            }
+        }
+        return false
+    }
+
+    // MARK: Calls
+
+    /// The page after `cursor`, asked for until an answer comes. `nil` when cancelled.
+    private func fetchPage(after cursor: UInt64) async -> EventPage? {
+        var attempt = 0
+        while !Task.isCancelled {
+            do {
+                return try await bus.call(
+                    EventsAfter(sequence: cursor, limit: pageSize), to: replay, source: source,
+                    serviceToken: serviceToken, timeout: callTimeout)
+            } catch {
+                if Task.isCancelled { return nil }
+                attempt += 1
+                let delay = retry.delay(attempt: attempt)
+                let message: Logger.Message = "events.after \(cursor) at \(replay) failed (\(error)); retry \(attempt) in \(delay)"
+                if let error = error as? ServiceError, Self.transient.contains(error.code) {
+                    logger.warning(message)
+                } else {
+                    logger.error(message)
+                }
+                guard (try? await Task.sleep(for: delay)) != nil else { return nil }
+            }
+        }
+        return nil
+    }
+
+    /// Failures that go away by themselves; others (a wrong service token, a publisher that does
+    /// not answer `events.after`) are retried too, but logged as errors.
+    private static let transient: Set<ErrorCode> = [.timeout, .noResponder, .shuttingDown, .overloaded, .closed]
+
+    /// Subscribes to every topic at ``events``, trying until it works. `nil` when cancelled.
+    private func subscribe() async -> AsyncStream<Message>? {
+        var attempt = 0
+        while !Task.isCancelled {
+            do {
+                return try await bus.subscribe(to: [events], topics: [""], limits: limits)
+            } catch {
+                attempt += 1
+                let delay = retry.delay(attempt: attempt)
+                logger.warning("subscribing to \(events) failed (\(error)); retry \(attempt) in \(delay)")
+                guard (try? await Task.sleep(for: delay)) != nil else { return nil }
+            }
+        }
+        return nil
+    }
+
+    private func share(_ progress: FeedProgress) {
+        shared.withLock { $0 = progress.statistics }
+    }
+}
+
+/// Waits that double from `initial` up to `maximum`.
+public struct Backoff: Sendable, Hashable {
+    public var initial: Duration
+    public var maximum: Duration
+
+    public init(initial: Duration = .milliseconds(100), maximum: Duration = .seconds(5)) {
+        self.initial = initial
+        self.maximum = maximum
+    }
+
+    /// The wait before retry number `attempt` (1 is the first retry).
+    public func delay(attempt: Int) -> Duration {
+        let factor = 1 << min(max(attempt - 1, 0), 30)
+        return min(initial * factor, maximum)
+    }
+}
+
+// MARK: - The feed's decisions
+
+/// Where a feed stands in one publisher's events, and what to do with what arrives: the logic of
+/// ``EventFeed`` without any waiting or calling.
+struct FeedProgress: Sendable {
+    /// What to hand over after one look at the live queue.
+    struct LiveStep {
+        /// The live events to handle, in order, of the feed's topics.
+        var batch: [Message] = []
+        /// The cursor once they are handled.
+        var through: UInt64
+        /// The sequence of a live event that skipped numbers: fetch before going on.
+        var gap: UInt64?
+    }
+
+    /// What to hand over from one `events.after` page.
+    struct PageStep {
+        var batch: [Message] = []
+        var through: UInt64
+        /// Whether the page reached the publisher's newest event.
+        var caughtUp: Bool
+        /// The publisher's store was reset: the feed starts again from 0.
+        var reset = false
+        /// Events pruned before they could be fetched.
+        var lost: UInt64 = 0
+        /// Recorded events that are not readable envelopes (skipped, counted as lost).
+        var unreadable: [UInt64] = []
+    }
+
+    let topics: [String]
+    private(set) var statistics: FeedStatistics
+
+    init(topics: [String], statistics: FeedStatistics) {
+        self.topics = topics
+        self.statistics = statistics
+    }
+
+    /// The last sequence handled.
+    var cursor: UInt64 { statistics.sequence }
+
+    func wants(_ topic: String?) -> Bool {
+        let topic = topic ?? ""
+        return topics.contains { topic.matchesTopicPrefix($0) }
+    }
+
+    /// Takes the live events that follow the cursor without a gap off the front of `pending`,
+    /// dropping (and counting) those already handled. Stops at a gap and drops that event too:
+    /// the fetch it calls for covers it.
+    mutating func planLive(_ pending: inout [Message]) -> LiveStep {
+        var step = LiveStep(through: cursor)
+        var taken = 0
+        for message in pending {
+            let sequence = message.header.sequence
+            taken += 1
+            if sequence <= step.through {
+                statistics.duplicatesDropped += 1
+            } else if sequence == step.through + 1 {
+                step.through = sequence
+                if wants(message.topic) { step.batch.append(message) }
+            } else {
+                step.gap = sequence
+                break
+            }
+        }
+        pending.removeFirst(taken)
+        return step
+    }
+
+    /// Reads a page fetched after the cursor: a reset store, pruned events, and the events to
+    /// hand over.
+    mutating func planPage(_ page: EventPage) -> PageStep {
+        var after = cursor
+        if page.lastSequence < after {
+            // Nothing after 0 was fetched yet; the next page starts from the beginning.
+            return PageStep(through: 0, caughtUp: false, reset: true)
+        }
+        // No events kept but some recorded: all of them were pruned.
+        let oldestKept = page.firstSequence == 0 ? page.lastSequence + 1 : page.firstSequence
+        var step = PageStep(through: after, caughtUp: false)
+        if oldestKept > after + 1 {
+            step.lost = oldestKept - 1 - after
+            after = oldestKept - 1
+            step.through = after
+        }
+        for event in page.events.sorted(by: { $0.sequence < $1.sequence }) where event.sequence > step.through {
+            step.through = event.sequence
+            guard wants(event.topic) else { continue }
+            do {
+                step.batch.append(try Message(topic: event.topic, body: Data(event.envelope.utf8)))
+            } catch {
+                step.unreadable.append(event.sequence)
+            }
+        }
+        step.lost += UInt64(step.unreadable.count)
+        statistics.lost += Int(clamping: step.lost)
+        step.caughtUp = step.through >= page.lastSequence || step.through == after
+        return step
+    }
+
+    /// `count` events were handled, up to `through`.
+    mutating func handled(_ count: Int, through: UInt64, replayed: Bool) {
+        statistics.sequence = through
+        statistics.handled += count
+        if replayed { statistics.replayed += count }
+    }
+}
+
+// MARK: - The live queue
+
+/// Live events between the subscription and the feed, with a wait that can time out.
+///
+/// Bounded: when the feed falls behind, the newest events are dropped; the gap they leave is
+/// fetched later. Thread safety: state behind a mutex; one task waits at a time.
+final class LiveMailbox: Sendable {
+    enum Wake { case ready, timedOut, finished }
+
+    private struct State {
+        var messages: [Message] = []
+        var finished = false
+        var waiter: (id: UInt64, continuation: CheckedContinuation<Wake, Never>)?
+        var lastID: UInt64 = 0
+        /// Waits with an id up to this one are over (timed out or cancelled), installed or not.
+        var expiredThrough: UInt64 = 0
+    }
+
+    private let capacity: Int
+    private let state = Mutex(State())
+
+    init(capacity: Int) {
+        self.capacity = max(1, capacity)
+    }
+
+    /// Queues a live event; drops it when the queue is full.
+    func push(_ message: Message) {
+        let waiter = state.withLock { state -> CheckedContinuation<Wake, Never>? in
+            guard state.messages.count < capacity else { return nil }
+            state.messages.append(message)
+            return Self.takeWaiter(&state)
+        }
+        waiter?.resume(returning: .ready)
+    }
+
+    /// The live stream has ended.
+    func finish() {
+        let waiter = state.withLock { state -> CheckedContinuation<Wake, Never>? in
+            state.finished = true
+            return Self.takeWaiter(&state)
+        }
+        waiter?.resume(returning: .finished)
+    }
+
+    /// Removes and returns up to `count` queued events, oldest first.
+    func take(max count: Int) -> [Message] {
+        state.withLock { state in
+            let taken = Array(state.messages.prefix(count))
+            state.messages.removeFirst(taken.count)
+            return taken
+        }
+    }
+
+    /// Waits until an event is queued (`ready`), the stream has ended and nothing is queued
+    /// (`finished`), or `timeout` passes or the task is cancelled (`timedOut`).
+    func wait(timeout: Duration) async -> Wake {
+        let (now, id) = state.withLock { state -> (Wake?, UInt64) in
+            if !state.messages.isEmpty { return (.ready, 0) }
+            if state.finished { return (.finished, 0) }
+            state.lastID += 1
+            return (nil, state.lastID)
+        }
+        if let now { return now }
+        let timer = Task {
+            guard (try? await Task.sleep(for: timeout)) != nil else { return }
+            self.expire(id)
+        }
+        defer { timer.cancel() }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                let now = state.withLock { state -> Wake? in
+                    if !state.messages.isEmpty { return .ready }
+                    if state.finished { return .finished }
+                    if state.expiredThrough >= id { return .timedOut }
+                    state.waiter = (id, continuation)
+                    return nil
+                }
+                if let now { continuation.resume(returning: now) }
+            }
+        } onCancel: {
+            expire(id)
+        }
+    }
+
+    private func expire(_ id: UInt64) {
+        let waiter = state.withLock { state -> CheckedContinuation<Wake, Never>? in
+            state.expiredThrough = max(state.expiredThrough, id)
+            guard state.waiter?.id == id else { return nil }
+            return Self.takeWaiter(&state)
+        }
+        waiter?.resume(returning: .timedOut)
+    }
+
+    private static func takeWaiter(_ state: inout State) -> CheckedContinuation<Wake, Never>? {
+        defer { state.waiter = nil }
+        return state.waiter?.continuation
+    }
+}
