@@ -213,6 +213,12 @@ public struct ReceivedIntent: Sendable, Hashable {
     public var time: String
     /// The orchestrator's sequence number for this message.
     public var sequence: UInt64
+
+    public init(intent: RouteIntent, time: String, sequence: UInt64) {
+        self.intent = intent
+        self.time = time
+        self.sequence = sequence
+    }
 }
 
 /// Route intents as an `AsyncSequence`. Messages that are not readable intents are skipped.
