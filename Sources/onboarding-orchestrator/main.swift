@@ -30,6 +30,7 @@ struct OrchestratorCommand: AsyncParsableCommand {
     var maxImageBytes: Int?
     @Option(help: "The orchestrator's SQLite database. Env: ONBOARDING_ORCHESTRATOR_DATABASE. Default: <data-dir>/orchestrator.sqlite")
     var database: String?
+    @OptionGroup var retention: EventRetentionOptions
     @OptionGroup var common: CommonServiceOptions
 
     func run() async throws {
@@ -46,6 +47,7 @@ struct OrchestratorCommand: AsyncParsableCommand {
             databasePath: database ?? Settings.environment("ONBOARDING_ORCHESTRATOR_DATABASE")
                 ?? URL(fileURLWithPath: common.dataDirectory).appendingPathComponent("orchestrator.sqlite").path,
             maxImageBytes: try Settings.imageLimit(maxImageBytes),
+            retention: try retention.retention(),
             serviceToken: try common.resolvedServiceToken())
         try await ServiceHost.run(name: ServiceName.orchestrator, logger: logger) { bus in
             [try OnboardingOrchestrator(configuration: configuration, bus: bus, logger: logger)]
