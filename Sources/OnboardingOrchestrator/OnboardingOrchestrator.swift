@@ -131,11 +131,7 @@ public struct OnboardingOrchestrator: Service {
         try await withThrowingDiscardingTaskGroup { group in
             // Decisions commit in batches on one loop; it outlives everything that feeds it.
             let decisions = Task { await engine.decide() }
-            group.addTask {
-                await withDiscardingTaskGroup { workers in
-                    for await job in work { workers.addTask { await job.run() } }
-                }
-            }
+            group.addTask { await Self.perform(work, atMost: Self.maximumConcurrentWork) }
             try await engine.resumeUnfinishedWork()
             for (name, feed) in feeds {
                 group.addTask {
@@ -152,6 +148,26 @@ public struct OnboardingOrchestrator: Service {
             group.cancelAll()
             await engine.finishDeciding()
             await decisions.value
+        }
+    }
+}
+
+extension OnboardingOrchestrator {
+    /// How many calls and timers run at once; more wait in the work queue (a burst of returning
+    /// sign-ins becomes a queue of checks, not thousands of calls at the profile store at once).
+    static let maximumConcurrentWork = 512
+
+    static func perform(_ work: AsyncStream<Work>, atMost limit: Int) async {
+        await withTaskGroup(of: Void.self) { workers in
+            var running = 0
+            for await job in work {
+                if running >= limit {
+                    await workers.next()
+                    running -= 1
+                }
+                workers.addTask { await job.run() }
+                running += 1
+            }
         }
     }
 }
