@@ -103,6 +103,7 @@ enum WireCatalog {
         request(DeleteProfile.self), request(CheckUsername.self), request(EvictCachedProfile.self),
         request(UploadImage.self), request(DeleteImage.self), request(DeleteAllImages.self),
         request(CheckOnboarding.self), request(SetUpProfile.self),
+        request(EventsAfter.self), request(CurrentIntent.self), request(ListRouteStates.self),
     ]
 
     static let events: [Entry] = [
