@@ -62,9 +62,9 @@ struct EnvelopeFuzzTests {
             Data(#"{"version":1,"x":"#.utf8) + Data(repeating: UInt8(ascii: "["), count: depth),
         ]
         for body in bodies {
-            #expect(throws: ServiceError.self) { _ = try Message(body: body) }
             do throws(ServiceError) {
                 _ = try Message(body: body)
+                Issue.record("\(body.count) bytes of unfinished nesting were accepted")
             } catch {
                 #expect(error.code == .invalidMessage)
             }
