@@ -57,7 +57,7 @@ let package = Package(
         .testTarget(
             name: "MessagingTests",
             dependencies: [
-                "Messaging", "ZeroMQMessaging", "CZeroMQ",
+                "Messaging", "ZeroMQMessaging", "CZeroMQ", "FuzzKit",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -70,7 +70,7 @@ let package = Package(
         ),
         .testTarget(
             name: "OnboardingAPITests",
-            dependencies: ["OnboardingAPI"]
+            dependencies: ["OnboardingAPI", "FuzzKit"]
         ),
 
         // MARK: Shared service plumbing
@@ -151,9 +151,15 @@ let package = Package(
             name: "SystemTests",
             dependencies: [
                 "OnboardingClient", "AuthService", "ProfileService", "ImageUploadService",
-                "OnboardingOrchestrator", "ZeroMQMessaging",
+                "OnboardingOrchestrator", "ZeroMQMessaging", "FuzzKit",
             ]
         ),
+
+        // MARK: Test support
+
+        // Seeded random numbers, a byte-exact JSON writer and a corpus of hostile values, shared by
+        // the fuzz tests of several test targets. Foundation only.
+        .target(name: "FuzzKit", path: "Tests/FuzzKit"),
     ]
 )
 

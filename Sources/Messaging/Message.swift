@@ -85,6 +85,12 @@ public struct Message: Sendable {
     /// - Throws: ``ServiceError`` with `invalidMessage` when `body` is not a JSON envelope, or
     ///   `unsupportedVersion` when its version is not ``EnvelopeHeader/currentVersion``.
     public init(topic: String? = nil, body: Data, attachment: Data? = nil) throws(ServiceError) {
+        // An envelope is a JSON object, so it ends with "}". Refusing anything else before
+        // decoding is not only quicker: JSONDecoder traps (crashing the process) instead of
+        // throwing when the body's last byte is the "[" that nests one level too deep (513).
+        guard Self.endsWithClosingBrace(body) else {
+            throw ServiceError(.invalidMessage, "The message is not a JSON envelope: malformed JSON")
+        }
         let header: EnvelopeHeader
         do {
             header = try WireFormat.decoder().decode(EnvelopeHeader.self, from: body)
@@ -117,6 +123,11 @@ public struct Message: Sendable {
         guard header.type == ServiceError.messageType else { return nil }
         return (try? payload(as: ServiceError.self))
             ?? ServiceError(.invalidMessage, "An error reply from \(header.source) could not be read.")
+    }
+
+    /// Whether the last byte of `body` that is not JSON whitespace is `}`.
+    private static func endsWithClosingBrace(_ body: Data) -> Bool {
+        body.last { ![0x20, 0x09, 0x0A, 0x0D].contains($0) } == UInt8(ascii: "}")
     }
 
     static func explain(_ error: any Error) -> String {

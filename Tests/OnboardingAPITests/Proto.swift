@@ -79,13 +79,18 @@ enum WireCatalog {
         /// Decodes a whole envelope of this type into `Envelope<T>` and encodes it again with
         /// the wire encoder.
         let roundTrip: @Sendable (Data) throws -> Data
+        /// Decodes a received message's payload as `T`, the way services do.
+        let decodePayload: @Sendable (Message) throws(ServiceError) -> Void
     }
 
     static func entry<T: Codable & Sendable>(_ type: String, _ kind: Kind, _: T.Type) -> Entry {
-        Entry(type: type, kind: kind, swiftType: String(describing: T.self)) { data in
-            let envelope = try WireFormat.decoder().decode(Envelope<T>.self, from: data)
-            return try envelope.encoded()
-        }
+        Entry(
+            type: type, kind: kind, swiftType: String(describing: T.self),
+            roundTrip: { data in
+                let envelope = try WireFormat.decoder().decode(Envelope<T>.self, from: data)
+                return try envelope.encoded()
+            },
+            decodePayload: { message throws(ServiceError) in _ = try message.payload(as: T.self) })
     }
 
     static func request<R: APIRequest>(_: R.Type) -> [Entry] {
@@ -103,6 +108,7 @@ enum WireCatalog {
         request(DeleteProfile.self), request(CheckUsername.self), request(EvictCachedProfile.self),
         request(UploadImage.self), request(DeleteImage.self), request(DeleteAllImages.self),
         request(CheckOnboarding.self), request(SetUpProfile.self),
+        request(EventsAfter.self), request(CurrentIntent.self), request(ListRouteStates.self),
     ]
 
     static let events: [Entry] = [

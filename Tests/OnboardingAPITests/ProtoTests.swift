@@ -156,6 +156,25 @@ struct ProtoTests {
         ("envelope time not in UTC", "auth.signIn", { $0.changing("time", .set(.string("2026-11-21T14:30:00.123+09:00"))) }),
         ("envelope negative sequence", "auth.signedIn", { $0.changing("sequence", .set(.int(-1))) }),
         ("envelope payload not an object", "health", { $0.changing("payload", .set(.array([]))) }),
+        ("idempotency key with a space", "onboarding.setUpProfile", { $0.changingPayload("idempotencyKey", .set(.string("my key")))! }),
+        ("idempotency key too long", "profile.create", { $0.changingPayload("idempotencyKey", .set(.string(String(repeating: "k", count: 65))))! }),
+        ("empty idempotency key", "image.upload", { $0.changingPayload("idempotencyKey", .set(.string("")))! }),
+        ("negative events.after sequence", "events.after", { $0.changingPayload("sequence", .set(.int(-1)))! }),
+        ("recorded event without envelope", "events.after.reply", { example in
+            let event = example["payload"]!["events"]!.arrayValue![0].changing("envelope", .remove)
+            return example.changingPayload("events", .set(.array([event])))!
+        }),
+        ("feed statistics missing a counter", "health.reply", { example in
+            let feed = example["payload"]!["feeds"]!.arrayValue![0].changing("lost", .remove)
+            return example.changingPayload("feeds", .set(.array([feed])))!
+        }),
+        ("route state with a wrong intent", "onboarding.intent.reply", { example in
+            example.changingPayload("intent", .set(example["payload"]!["intent"]!.changing("intent", .set(.string("navigate")))))!
+        }),
+        ("route page state without uid", "onboarding.routes.reply", { example in
+            let state = example["payload"]!["states"]!.arrayValue![0].changing("uid", .remove)
+            return example.changingPayload("states", .set(.array([state])))!
+        }),
     ]
 
     @Test("The validator rejects broken examples", arguments: brokenExamples.indices)
@@ -190,6 +209,17 @@ struct ProtoTests {
         ("onboarding.check.reply", #"{"uid":"3f2b8c1e-6d4a-4b7e-9c2f-1a5e8d7b6c40","hasProfile":true,"intent":null}"#),
         ("onboarding.setUpProfile", #"{"username":"mina","contentType":null}"#),
         ("image.upload", #"{"contentType":null}"#),
+        ("image.upload", #"{"contentType":null,"idempotencyKey":null}"#),
+        ("profile.create", #"{"username":"mina","idempotencyKey":null}"#),
+        ("onboarding.setUpProfile", #"{"username":"mina","idempotencyKey":null}"#),
+        ("image.deleteAll", #"{"keep":null}"#),
+        ("image.deleteAll", #"{}"#),
+        ("events.after", #"{"sequence":0,"limit":null}"#),
+        ("events.after.reply", #"{"events":[],"firstSequence":0,"lastSequence":0}"#),
+        ("onboarding.intent.reply", #"{"uid":"3f2b8c1e-6d4a-4b7e-9c2f-1a5e8d7b6c40","intent":null,"sequence":null,"time":null}"#),
+        ("onboarding.intent.reply", #"{"uid":"3f2b8c1e-6d4a-4b7e-9c2f-1a5e8d7b6c40"}"#),
+        ("onboarding.routes", #"{"afterUID":null,"limit":null}"#),
+        ("onboarding.routes.reply", #"{"states":[],"nextUID":null}"#),
         ("error", #"{"code":"overloaded","message":"Try again shortly.","reason":null}"#),
     ]
 
