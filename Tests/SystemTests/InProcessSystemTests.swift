@@ -33,7 +33,8 @@ struct InProcessSystem {
         let e = endpoints
         let services: [any Service] = [
             try AuthService(
-                configuration: .init(rpc: e.authRPC, events: e.authEvents, databasePath: directory.appendingPathComponent("auth.sqlite").path, devMode: true),
+                configuration: .init(rpc: e.authRPC, events: e.authEvents, databasePath: directory.appendingPathComponent("auth.sqlite").path, devMode: true,
+                    serviceToken: Self.serviceToken),
                 bus: bus, logger: logger),
             try ProfileService(
                 configuration: .init(

@@ -62,10 +62,11 @@ struct RecoveryTests {
             let early = try await first.signIn(provider: .kakao, subject: "early-\(UUID().uuidString)").uid
 
             let before = ServiceGroup(services: [try orchestrator(bus)], logger: logger)
-            tasks.addTask { try await before.run() }
+            let running = Task { try await before.run() }
             let earlyIntent = try #require(await tap.next { $0.uid == early && $0.intent == .presentProfileSetup })
 
             await before.triggerGracefulShutdown()
+            try await running.value
             // While it is down: a new person signs in; the early person's state is asked for later.
             let second = e.client(bus, name: "second")
             let late = try await second.signIn(provider: .naver, subject: "late-\(UUID().uuidString)").uid
