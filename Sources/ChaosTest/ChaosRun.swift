@@ -172,6 +172,7 @@ public struct ChaosRun: Sendable {
             let settleDeadline = settleStarted.advanced(by: configuration.settleTimeout)
             let uids = Set(outcomes.compactMap(\.uid))
             var round = 0
+            var lastCount = -1
             while true {
                 round += 1
                 let callDeadline = clock.now.advanced(by: .seconds(30))
@@ -194,8 +195,12 @@ public struct ChaosRun: Sendable {
                     say(consistent ? "consistent after \(round) check\(round == 1 ? "" : "s")" : "settle time is up")
                     return summary
                 }
-                let example = lost.first.map { " (e.g. \($0.uid): \($0.problems[0]))" } ?? ""
-                say("check \(round): \(lost.count) people not consistent yet\(example)\(stores.problems.first.map { "; \($0)" } ?? ""); checking again")
+                // Said when the count changes, and every tenth check.
+                if lost.count != lastCount || round % 10 == 1 {
+                    let example = lost.first.map { " (e.g. \($0.uid): \($0.problems[0]))" } ?? ""
+                    say("check \(round): \(lost.count) people not consistent yet\(example)\(stores.problems.first.map { "; \($0)" } ?? ""); checking again until the settle time is up")
+                    lastCount = lost.count
+                }
                 // The system converges on its own time and offers nothing to wait on: poll.
                 try await Task.sleep(for: .seconds(1))
             }
