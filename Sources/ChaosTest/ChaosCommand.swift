@@ -62,6 +62,9 @@ public struct ChaosCommand: AsyncParsableCommand {
     @Option(help: "The route-intent publisher. Env: ONBOARDING_ROUTES. Default: \(Defaults.routes)")
     var routes: String?
 
+    @Option(help: "Also write the result as JSON to this file: the counts, and every person with what they did and what is wrong.")
+    var reportFile: String?
+
     @Option(help: "How long one attempt of a request waits for its reply, in milliseconds.")
     var timeoutMs = 3000
     @Option(help: "How long one person may take over the whole journey, resends included, in seconds.")
@@ -100,6 +103,14 @@ public struct ChaosCommand: AsyncParsableCommand {
             throw ExitCode(2)
         }
         Self.line(Report.summary(summary))
+        if let reportFile {
+            do {
+                try await ReportFile.write(summary, to: reportFile)
+                Self.line("the whole result, person by person: \(reportFile)")
+            } catch {
+                Self.line("onboarding-chaos: could not write \(reportFile): \(error)")
+            }
+        }
         if !summary.passed { throw ExitCode.failure }
     }
 

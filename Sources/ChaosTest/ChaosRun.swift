@@ -151,7 +151,12 @@ public struct ChaosRun: Sendable {
         return try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await recorder.follow(messages) }
             defer { group.cancelAll() }
-            try await probe(caller: caller, recorder: recorder, nonce: plan.nonce, say: say)
+            do {
+                try await probe(caller: caller, recorder: recorder, nonce: plan.nonce, say: say)
+            } catch {
+                throw ChaosSetupError(
+                    description: "a probe person could not sign in or withdraw before the drive: \(PersonDriver.describe(error))")
+            }
 
             // The drive, with the killers alongside.
             let driveStarted = clock.now

@@ -53,7 +53,7 @@ public struct PersonOutcome: Sendable {
     public var stopped: Stop?
     /// Answers that contradict the rules (a new uid on signing in again, a check that does not
     /// see the profile…): each makes the person lost.
-    public var problems: [String] = []
+    public var problems: [Finding] = []
     /// Oddities that resends explain (a retried sign-in that is no longer new…).
     public var notes: [String] = []
     /// Attempts that failed with a transient error and were sent again.
@@ -87,7 +87,7 @@ struct PersonDriver: Sendable {
                 if log.mayHaveActedBefore {
                     outcome.notes.append("the first sign-in was resent after a timeout and found the account made")
                 } else {
-                    outcome.problems.append("the first sign-in of a new subject said isNewAccount: false")
+                    outcome.problems.append(Finding(.wrongAnswer, "the first sign-in of a new subject said isNewAccount: false"))
                 }
             }
 
@@ -107,10 +107,10 @@ struct PersonDriver: Sendable {
                 SignIn(provider: plan.provider, subject: plan.subject), to: endpoints.authRPC, until: deadline, log: &log)
             outcome.resends += log.failures.count
             if again.uid != first.uid {
-                outcome.problems.append("signing in again gave uid \(again.uid), not \(first.uid)")
+                outcome.problems.append(Finding(.wrongAnswer, "signing in again gave uid \(again.uid), not \(first.uid)"))
             }
             if again.isNewAccount {
-                outcome.problems.append("signing in again said isNewAccount: true")
+                outcome.problems.append(Finding(.wrongAnswer, "signing in again said isNewAccount: true"))
             }
 
             step = .check
@@ -120,12 +120,13 @@ struct PersonDriver: Sendable {
                 log: &log)
             outcome.resends += log.failures.count
             if status.hasProfile != outcome.setUp {
-                outcome.problems.append(
-                    "onboarding.check said hasProfile: \(status.hasProfile) \(outcome.setUp ? "after" : "without") a set-up")
+                outcome.problems.append(Finding(
+                    .wrongAnswer,
+                    "onboarding.check said hasProfile: \(status.hasProfile) \(outcome.setUp ? "after" : "without") a set-up"))
             }
             if !status.hasProfile, status.intent != .presentProfileSetup {
-                outcome.problems.append(
-                    "onboarding.check found no profile but answered intent \(status.intent?.rawValue ?? "none")")
+                outcome.problems.append(Finding(
+                    .wrongAnswer, "onboarding.check found no profile but answered intent \(status.intent?.rawValue ?? "none")"))
             }
 
             if plan.withdraws {
@@ -186,13 +187,13 @@ struct PersonDriver: Sendable {
         outcome.profile = profile
         outcome.setUp = true
         if profile.username != username {
-            outcome.problems.append("the set-up made a profile named \(profile.username), not \(username)")
+            outcome.problems.append(Finding(.wrongAnswer, "the set-up made a profile named \(profile.username), not \(username)"))
         }
         if withImage, profile.imagePath == nil {
-            outcome.problems.append("the set-up carried an image but the profile has no image path")
+            outcome.problems.append(Finding(.wrongAnswer, "the set-up carried an image but the profile has no image path"))
         }
         if !withImage, let path = profile.imagePath {
-            outcome.problems.append("the set-up carried no image but the profile has image path \(path)")
+            outcome.problems.append(Finding(.wrongAnswer, "the set-up carried no image but the profile has image path \(path)"))
         }
     }
 

@@ -56,6 +56,10 @@ public enum Report {
             "\(counts.deduplicated)  (dropped as already recorded: \(counts.duplicatesDelivered) live, "
                 + "\(counts.deduplicated - counts.duplicatesDelivered) from events.after)")
         row("lost", "\(summary.lost.count)")
+        let byRule = Dictionary(grouping: summary.lost.flatMap { Set($0.problems.map(\.rule)) }, by: { $0 }).mapValues(\.count)
+        for rule in Rule.allCases {
+            if let count = byRule[rule] { row("", "\(String(count).padding(toLength: 6, withPad: " ", startingAt: 0)) \(rule.rawValue)") }
+        }
         row("resends", "\(summary.outcomes.reduce(0) { $0 + $1.resends })  (requests sent again after a transient failure)")
         row(
             "elapsed",

@@ -194,12 +194,15 @@ import Testing
             routeStates: state("d", .dismiss, .profileCreated))
         let lost = Verdict.lost(in: evidence)
         #expect(lost.count == 1)
-        let problems = lost.first?.problems ?? []
+        let problems = lost.first?.problems.map(\.detail) ?? []
         #expect(problems.contains { $0.contains("account is still there") })
         #expect(problems.contains { $0.contains("profile (Minji) is still there") })
         #expect(problems.contains { $0.contains("username minji is still held") })
         #expect(problems.contains { $0.contains("image files left") })
         #expect(problems.contains { $0.contains("still in force after withdrawal") })
+        #expect(
+            Set(lost.first?.problems.map(\.rule) ?? [])
+                == [.accountLeft, .profileLeft, .usernameHeld, .imagesLeft, .intentAfterWithdrawal])
     }
 
     @Test func missingAndContradictingIntentsAreFound() {
@@ -211,7 +214,7 @@ import Testing
             people: [person(setUp: true, withdrew: false)], stores: stores,
             recording: recording([("p", .presentProfileSetup, .signedIn)]),
             routeStates: state("x", .presentProfileSetup, .checkRequested))
-        let problems = Verdict.lost(in: evidence).first?.problems ?? []
+        let problems = Verdict.lost(in: evidence).first?.problems.map(\.detail) ?? []
         #expect(problems.contains { $0.contains("no dismiss") })
         #expect(problems.contains { $0.contains("is in force, expected dismiss") })
         #expect(problems.contains { $0.contains("never delivered") })
@@ -229,7 +232,7 @@ import Testing
         strayImage.imageFiles[uid] = ["c.png"]
         let lost = Verdict.lost(in: Evidence(
             people: evidence.people, stores: strayImage, recording: evidence.recording, routeStates: nil))
-        #expect(lost.first?.problems == ["image files though the person never set up: c.png"])
+        #expect(lost.first?.problems == [Finding(.strayImages, "image files though the person never set up: c.png")])
     }
 
     @Test func unfinishedPeopleAreNotJudged() {
