@@ -58,7 +58,7 @@ public enum Report {
         row("lost", "\(summary.lost.count)")
         let byRule = Dictionary(grouping: summary.lost.flatMap { Set($0.problems.map(\.rule)) }, by: { $0 }).mapValues(\.count)
         for rule in Rule.allCases {
-            if let count = byRule[rule] { row("", "\(String(count).padding(toLength: 6, withPad: " ", startingAt: 0)) \(rule.rawValue)") }
+            if let count = byRule[rule] { row("", "- \(count): \(rule.rawValue)") }
         }
         row("resends", "\(summary.outcomes.reduce(0) { $0 + $1.resends })  (requests sent again after a transient failure)")
         row(
