@@ -130,7 +130,7 @@ public struct ChaosRun: Sendable {
         output(Report.header(configuration, plan: plan))
 
         // Every service must answer, and (to kill them) run under compose's supervise loop.
-        try await waitUntilHealthy(targets, caller: caller, within: configuration.recoveryTimeout, say: say)
+        try await waitUntilHealthy(targets, caller: caller, within: min(configuration.recoveryTimeout, .seconds(30)), say: say)
         let killers = targets.map {
             ServiceKiller(
                 target: $0, runDirectory: configuration.runDirectory, caller: caller,
