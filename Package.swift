@@ -22,6 +22,7 @@ let package = Package(
         .executable(name: "onboarding-orchestrator", targets: ["onboarding-orchestrator"]),
         .executable(name: "onboarding-tap", targets: ["onboarding-tap"]),
         .executable(name: "onboarding-client", targets: ["onboarding-client"]),
+        .executable(name: "onboarding-chaos", targets: ["onboarding-chaos"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -144,6 +145,24 @@ let package = Package(
         ),
         .executableTarget(name: "onboarding-tap", dependencies: ["ClientCommands"]),
         .executableTarget(name: "onboarding-client", dependencies: ["ClientCommands"]),
+
+        // MARK: The chaos test (drives people through the compose deployment while killing services)
+
+        .target(
+            name: "ChaosTest",
+            dependencies: [
+                "OnboardingAPI",
+                "ZeroMQMessaging",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ]
+        ),
+        .executableTarget(name: "onboarding-chaos", dependencies: ["ChaosTest"]),
+        .testTarget(
+            name: "ChaosTestTests",
+            dependencies: ["ChaosTest"]
+        ),
 
         // MARK: The whole system
 

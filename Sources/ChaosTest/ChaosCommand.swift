@@ -1,0 +1,165 @@
+import ArgumentParser
+import Foundation
+import Logging
+import Messaging
+import OnboardingAPI
+
+/// `onboarding-chaos`: the chaos test against a compose deployment.
+public struct ChaosCommand: AsyncParsableCommand {
+    public static let configuration = CommandConfiguration(
+        commandName: "onboarding-chaos",
+        abstract: "Drive simulated people through onboarding while SIGKILLing every service, then check that nothing was lost.",
+        discussion: """
+            Each person signs in, sets up a profile (most of them; half with an image), signs out, signs in again, \
+            asks "check me now" and withdraws (some of them). Meanwhile each service is killed --kills times at random \
+            points of the drive; compose's supervise loop restarts it. At the end the tool checks the stores (SQLite \
+            files read-only, the image folders), the route intents it recorded from route. (plus events.after) and the \
+            route state (onboarding.routes) until everything holds or --settle-timeout passes, and prints its counts. \
+            Exit status 1 when a person is lost, could not finish, or a planned kill did not happen.
+
+            Run it against a system started by ./compose/onboarding up, or let ./compose/onboarding chaos start a fresh \
+            one, run it and stop it.
+            """)
+
+    @Option(help: "How many people to drive.")
+    var people = 1000
+    @Option(help: "How many people are in the middle of their journey at once.")
+    var concurrency = 64
+    @Option(help: "How many times each service is SIGKILLed during the drive (0: no kills).")
+    var kills = 3
+    @Option(help: "The seed of the run's choices (who sets up, who withdraws, when each kill happens). Default: random; it is printed.")
+    var seed: UInt64?
+    @Option(help: "The share of people who set up a profile, in percent.")
+    var setUpPercent = 80
+    @Option(help: "The share of set-ups that carry an image, in percent.")
+    var imagePercent = 50
+    @Option(help: "The share of people who withdraw at the end, in percent.")
+    var withdrawPercent = 40
+    @Option(help: "An image file every set-up with an image sends (such as compose/sample.png). Default: a small PNG of each person's own.")
+    var image: String?
+
+    @Option(help: "The system's data directory. Env: ONBOARDING_DATA_DIR. Default: \(Defaults.dataDirectory)")
+    var dataDir: String?
+    @Option(help: "Where compose keeps the services' pid files. Default: <data-dir>/run")
+    var runDir: String?
+    @Option(help: "auth's database. Env: ONBOARDING_AUTH_DATABASE. Default: <data-dir>/auth.sqlite")
+    var authDatabase: String?
+    @Option(help: "profile's database. Env: ONBOARDING_PROFILE_DATABASE. Default: <data-dir>/profile.sqlite")
+    var profileDatabase: String?
+    @Option(help: "image-upload's folder. Env: ONBOARDING_IMAGE_DIR. Default: <data-dir>/images")
+    var imageDir: String?
+    @Option(help: "The services' shared secret, for onboarding.routes and events.after. Env: ONBOARDING_SERVICE_TOKEN. Default: read from <data-dir>/service.token")
+    var serviceToken: String?
+
+    @Option(help: "auth's request endpoint. Env: ONBOARDING_AUTH_RPC. Default: \(Defaults.authRPC)")
+    var authRpc: String?
+    @Option(help: "profile's request endpoint. Env: ONBOARDING_PROFILE_RPC. Default: \(Defaults.profileRPC)")
+    var profileRpc: String?
+    @Option(help: "image-upload's request endpoint. Env: ONBOARDING_IMAGE_RPC. Default: \(Defaults.imageRPC)")
+    var imageRpc: String?
+    @Option(help: "The orchestrator's request endpoint. Env: ONBOARDING_ORCHESTRATOR_RPC. Default: \(Defaults.orchestratorRPC)")
+    var orchestratorRpc: String?
+    @Option(help: "The route-intent publisher. Env: ONBOARDING_ROUTES. Default: \(Defaults.routes)")
+    var routes: String?
+
+    @Option(help: "Also write the result as JSON to this file: the counts, and every person with what they did and what is wrong.")
+    var reportFile: String?
+
+    @Option(help: "How long one attempt of a request waits for its reply, in milliseconds.")
+    var timeoutMs = 3000
+    @Option(help: "How long one person may take over the whole journey, resends included, in seconds.")
+    var personTimeout = 180
+    @Option(help: "How long to wait at the end for the system to converge, in seconds.")
+    var settleTimeout = 60
+    @Option(help: "How long a killed service may take to come back, in seconds.")
+    var recoveryTimeout = 120
+
+    public init() {}
+
+    public func validate() throws {
+        guard people >= 1 else { throw ValidationError("--people must be at least 1.") }
+        guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1.") }
+        guard kills >= 0 else { throw ValidationError("--kills must be 0 or more.") }
+        for (name, value) in [("--set-up-percent", setUpPercent), ("--image-percent", imagePercent), ("--withdraw-percent", withdrawPercent)] {
+            guard (0...100).contains(value) else { throw ValidationError("\(name) must be from 0 to 100.") }
+        }
+        guard timeoutMs >= 10, personTimeout >= 1, settleTimeout >= 0, recoveryTimeout >= 1 else {
+            throw ValidationError("--timeout-ms must be at least 10, --person-timeout and --recovery-timeout at least 1, --settle-timeout at least 0.")
+        }
+    }
+
+    public func run() async throws {
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = .warning
+            return handler
+        }
+        let configuration = try await makeConfiguration()
+        let summary: ChaosSummary
+        do {
+            summary = try await ChaosRun(configuration: configuration, output: Self.line).run()
+        } catch let error as ChaosSetupError {
+            Self.line("onboarding-chaos: \(error)")
+            throw ExitCode(2)
+        }
+        Self.line(Report.summary(summary))
+        if let reportFile {
+            do {
+                try await ReportFile.write(summary, to: reportFile)
+                Self.line("the whole result, person by person: \(reportFile)")
+            } catch {
+                Self.line("onboarding-chaos: could not write \(reportFile): \(error)")
+            }
+        }
+        if !summary.passed { throw ExitCode.failure }
+    }
+
+    /// Writes a line to standard output at once (unbuffered, so progress shows even in a log file).
+    @Sendable static func line(_ text: String) {
+        FileHandle.standardOutput.write(Data((text + "\n").utf8))
+    }
+
+    func makeConfiguration() async throws -> ChaosConfiguration {
+        let dataDirectory = dataDir ?? Settings.environment("ONBOARDING_DATA_DIR") ?? Defaults.dataDirectory
+        func path(_ flag: String?, env: String, _ name: String) -> String {
+            flag ?? Settings.environment(env) ?? "\(dataDirectory)/\(name)"
+        }
+        let endpoints = ChaosEndpoints(
+            authRPC: Settings.endpoint(authRpc, env: "ONBOARDING_AUTH_RPC", default: Defaults.authRPC),
+            profileRPC: Settings.endpoint(profileRpc, env: "ONBOARDING_PROFILE_RPC", default: Defaults.profileRPC),
+            imageRPC: Settings.endpoint(imageRpc, env: "ONBOARDING_IMAGE_RPC", default: Defaults.imageRPC),
+            orchestratorRPC: Settings.endpoint(
+                orchestratorRpc, env: "ONBOARDING_ORCHESTRATOR_RPC", default: Defaults.orchestratorRPC),
+            routes: Settings.endpoint(routes, env: "ONBOARDING_ROUTES", default: Defaults.routes))
+        var imageBytes: Data?
+        if let image {
+            guard let bytes = await Blocking.run({ FileManager.default.contents(atPath: image) }) else {
+                throw ValidationError("Cannot read the image file \(image).")
+            }
+            imageBytes = bytes
+        }
+        var token = serviceToken ?? Settings.environment("ONBOARDING_SERVICE_TOKEN")
+        if token == nil {
+            let file = "\(dataDirectory)/service.token"
+            token = await Blocking.run { FileManager.default.contents(atPath: file) }.map {
+                String(decoding: $0, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+            }
+        }
+        var seedGenerator = SystemRandomNumberGenerator()
+        return ChaosConfiguration(
+            people: people, concurrency: concurrency, killsPerService: kills,
+            seed: seed ?? UInt64.random(in: 1...999_999_999, using: &seedGenerator),
+            shares: RunPlan.Shares(
+                setUp: Double(setUpPercent) / 100, image: Double(imagePercent) / 100,
+                withdraw: Double(withdrawPercent) / 100),
+            endpoints: endpoints,
+            stores: StoreLocations(
+                authDatabase: path(authDatabase, env: "ONBOARDING_AUTH_DATABASE", "auth.sqlite"),
+                profileDatabase: path(profileDatabase, env: "ONBOARDING_PROFILE_DATABASE", "profile.sqlite"),
+                imageDirectory: path(imageDir, env: "ONBOARDING_IMAGE_DIR", "images")),
+            runDirectory: runDir ?? "\(dataDirectory)/run",
+            serviceToken: token?.isEmpty == false ? token : nil,
+            requestTimeout: .milliseconds(timeoutMs), personTimeout: .seconds(personTimeout),
+            settleTimeout: .seconds(settleTimeout), recoveryTimeout: .seconds(recoveryTimeout), image: imageBytes)
+    }
+}

@@ -1,0 +1,122 @@
+import Foundation
+import OnboardingAPI
+
+/// The chaos test's text output.
+public enum Report {
+    /// How many lost and unfinished people are listed one by one.
+    public static let listed = 20
+
+    /// `12.3 s`, or right-aligned in `width` characters without the unit's space (`  12.3s`).
+    static func seconds(_ duration: Duration, width: Int? = nil) -> String {
+        let (whole, attoseconds) = duration.components
+        let value = Double(whole) + Double(attoseconds) / 1e18
+        let text = String(format: "%.1f", value)
+        guard let width else { return text + " s" }
+        return String(repeating: " ", count: max(0, width - text.count - 1)) + text + "s"
+    }
+
+    static func header(_ configuration: ChaosConfiguration, plan: RunPlan) -> String {
+        let endpoints = configuration.endpoints
+        return """
+            onboarding-chaos: seed \(plan.seed) (repeat the run with --seed \(plan.seed)), run \(plan.nonce)
+              \(configuration.people) people, \(configuration.concurrency) at a time; \(configuration.killsPerService) SIGKILL\(configuration.killsPerService == 1 ? "" : "s") per service
+              auth \(endpoints.authRPC)  profile \(endpoints.profileRPC)  image-upload \(endpoints.imageRPC)
+              orchestrator \(endpoints.orchestratorRPC)  routes \(endpoints.routes)
+              stores \(configuration.stores.authDatabase), \(configuration.stores.profileDatabase), \(configuration.stores.imageDirectory)/
+              pid files \(configuration.runDirectory)/<service>.pid
+            """
+    }
+
+    /// The result: counts first, then what went wrong, person by person.
+    public static func summary(_ summary: ChaosSummary) -> String {
+        var lines: [String] = []
+        func row(_ label: String, _ value: String) {
+            lines.append("  " + label.padding(toLength: 22, withPad: " ", startingAt: 0) + value)
+        }
+        let finished = summary.outcomes.filter(\.finished)
+        let setUp = finished.filter(\.setUp)
+        let counts = summary.recording
+        lines.append("")
+        lines.append("onboarding-chaos result (seed \(summary.plan.seed))")
+        row(
+            "people",
+            "\(summary.outcomes.count)  (\(setUp.count) set up, \(setUp.filter(\.plan.withImage).count) with an image; "
+                + "\(finished.filter(\.withdrew).count) withdrew)")
+        row("could not finish", "\(summary.unfinished.count)")
+        row(
+            "kills",
+            summary.kills.isEmpty
+                ? "none"
+                : summary.kills.map { "\($0.service) \($0.kills)\($0.kills < $0.planned ? " of \($0.planned)" : "")" }
+                    .joined(separator: ", "))
+        row("intents recorded", "\(counts.intents)  (\(counts.intents - counts.filled) live, \(counts.filled) filled from events.after)")
+        row("duplicates delivered", "\(counts.duplicatesDelivered)  (an intentId delivered live more than once)")
+        row(
+            "deduplicated",
+            "\(counts.deduplicated)  (dropped as already recorded: \(counts.duplicatesDelivered) live, "
+                + "\(counts.deduplicated - counts.duplicatesDelivered) from events.after)")
+        row("lost", "\(summary.lost.count)")
+        let byRule = Dictionary(grouping: summary.lost.flatMap { Set($0.problems.map(\.rule)) }, by: { $0 }).mapValues(\.count)
+        for rule in Rule.allCases {
+            if let count = byRule[rule] { row("", "- \(count): \(rule.rawValue)") }
+        }
+        row("resends", "\(summary.outcomes.reduce(0) { $0 + $1.resends })  (requests sent again after a transient failure)")
+        row(
+            "elapsed",
+            "\(seconds(summary.elapsed))  (drive \(seconds(summary.driveTime)), settling \(seconds(summary.settleTime)) "
+                + "over \(summary.settleRounds) check\(summary.settleRounds == 1 ? "" : "s"))")
+        switch summary.replay {
+        case .filled(_, let through): row("replay", "events.after read through route sequence \(through)")
+        case .unavailable(let reason): row("replay", "unavailable (\(reason)): nothing missed live could be filled")
+        }
+        switch summary.routeState {
+        case .success(let count): row("route state", "onboarding.routes: \(count) people with an intent in force")
+        case .failure(let why):
+            row("route state", "unavailable (\(why.reason)): final intents judged from the recording, withdrawals from the stores only")
+        }
+        row("intent order", summary.order == .sequence ? "by route sequence" : "by arrival (route sequence not durable or not replayable)")
+        if counts.sequenceReused > 0 {
+            row("sequence reused", "\(counts.sequenceReused)  (different intents with one route sequence number: it restarted)")
+        }
+        if counts.pruned > 0 { row("pruned", "\(counts.pruned)  (events.after no longer had them)") }
+        if counts.unreadable > 0 { row("unreadable", "\(counts.unreadable)  (messages on route. that were not intents)") }
+        if summary.droppedByBus > 0 { row("dropped by the bus", "\(summary.droppedByBus)  (the recorder's queue overflowed)") }
+        let notes = summary.outcomes.reduce(0) { $0 + $1.notes.count }
+        if notes > 0 { row("explained by resends", "\(notes)  (answers a resend explains, e.g. a resent sign-up no longer new)") }
+
+        if !summary.runProblems.isEmpty {
+            lines.append("")
+            lines.append("run problems:")
+            for problem in summary.runProblems { lines.append("  \(problem)") }
+        }
+        if summary.killsShort {
+            lines.append("")
+            lines.append("not every planned kill happened (the drive ended first or a service did not come back):")
+            for kill in summary.kills where kill.kills < kill.planned {
+                lines.append("  \(kill.service): \(kill.kills) of \(kill.planned)")
+            }
+        }
+        if !summary.lost.isEmpty {
+            lines.append("")
+            lines.append("lost (first \(min(listed, summary.lost.count)) of \(summary.lost.count)):")
+            for person in summary.lost.prefix(listed) {
+                lines.append("  \(person.uid)  person #\(person.plan.index), \(person.plan.summary):")
+                for problem in person.problems { lines.append("    - \(problem)") }
+            }
+        }
+        let unfinished = summary.unfinished
+        if !unfinished.isEmpty {
+            lines.append("")
+            lines.append("could not finish (first \(min(listed, unfinished.count)) of \(unfinished.count)):")
+            for person in unfinished.prefix(listed) {
+                let key = StoreSnapshot.subjectKey(provider: person.plan.provider, subject: person.plan.subject)
+                let uid = person.uid ?? summary.uidsBySubject[key] ?? "(no account: \(key))"
+                let stop = person.stopped.map { "stopped at \($0.step.rawValue): \($0.error)" } ?? ""
+                lines.append("  \(uid)  person #\(person.plan.index), \(person.plan.summary): \(stop)")
+            }
+        }
+        lines.append("")
+        lines.append(summary.passed ? "PASS" : "FAIL")
+        return lines.joined(separator: "\n")
+    }
+}

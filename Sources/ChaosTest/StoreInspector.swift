@@ -1,0 +1,115 @@
+import Foundation
+import GRDB
+import Messaging
+import OnboardingAPI
+
+/// Where the services keep their data, as compose lays it out under the data directory.
+public struct StoreLocations: Sendable, Hashable {
+    /// auth's SQLite file (`<data-dir>/auth.sqlite`).
+    public var authDatabase: String
+    /// profile's SQLite file (`<data-dir>/profile.sqlite`).
+    public var profileDatabase: String
+    /// image-upload's root: images are `<root>/<uid>/<file>`.
+    public var imageDirectory: String
+
+    public init(authDatabase: String, profileDatabase: String, imageDirectory: String) {
+        self.authDatabase = authDatabase
+        self.profileDatabase = profileDatabase
+        self.imageDirectory = imageDirectory
+    }
+}
+
+/// A profile row as the profile store holds it.
+public struct StoredProfile: Sendable, Hashable {
+    public var username: String
+    public var imagePath: String?
+
+    public init(username: String, imagePath: String?) {
+        self.username = username
+        self.imagePath = imagePath
+    }
+}
+
+/// What the stores held at one moment.
+public struct StoreSnapshot: Sendable {
+    /// Every account's uid.
+    public var accounts: Set<String> = []
+    /// Account uids by `<provider>/<subject>`, to name people whose sign-in was never answered.
+    public var accountBySubject: [String: String] = [:]
+    public var profiles: [String: StoredProfile] = [:]
+    /// Who holds each username, keyed both by the store's uniqueness key and by the lowercased
+    /// name as stored (so a name is found whatever way the store keys it).
+    public var usernameHolders: [String: String] = [:]
+    /// The files in each person's image folder (temporary upload files included), for the uids asked about.
+    public var imageFiles: [String: [String]] = [:]
+    /// Stores that could not be read.
+    public var problems: [String] = []
+
+    public init() {}
+
+    public static func subjectKey(provider: Provider, subject: String) -> String { "\(provider.rawValue)/\(subject)" }
+}
+
+/// Reads the stores directly: SQLite files opened read-only, and the image folders.
+enum StoreInspector {
+    /// Takes a snapshot, listing the image folders of `uids`. Runs on the blocking queue.
+    static func snapshot(of locations: StoreLocations, uids: Set<String>) async -> StoreSnapshot {
+        await Blocking.run { read(locations, uids: uids) }
+    }
+
+    private static func read(_ locations: StoreLocations, uids: Set<String>) -> StoreSnapshot {
+        var snapshot = StoreSnapshot()
+        do {
+            let rows = try fetch(locations.authDatabase, sql: "SELECT uid, provider, subject FROM account")
+            for row in rows {
+                let uid: String = row["uid"]
+                snapshot.accounts.insert(uid)
+                snapshot.accountBySubject["\(row["provider"] as String)/\(row["subject"] as String)"] = uid
+            }
+        } catch {
+            snapshot.problems.append("auth's store \(locations.authDatabase) could not be read: \(error)")
+        }
+        do {
+            let rows = try fetch(
+                locations.profileDatabase, sql: "SELECT uid, username, usernameKey, imagePath FROM profile")
+            for row in rows {
+                let uid: String = row["uid"]
+                let username: String = row["username"]
+                snapshot.profiles[uid] = StoredProfile(username: username, imagePath: row["imagePath"])
+                snapshot.usernameHolders[row["usernameKey"] as String] = uid
+                snapshot.usernameHolders[username.lowercased()] = uid
+            }
+        } catch {
+            snapshot.problems.append("profile's store \(locations.profileDatabase) could not be read: \(error)")
+        }
+        let files = FileManager.default
+        var isDirectory: ObjCBool = false
+        if files.fileExists(atPath: locations.imageDirectory, isDirectory: &isDirectory), isDirectory.boolValue {
+            do {
+                let folders = Set(try files.contentsOfDirectory(atPath: locations.imageDirectory))
+                for uid in uids where folders.contains(uid) {
+                    let names = (try? files.contentsOfDirectory(atPath: "\(locations.imageDirectory)/\(uid)")) ?? []
+                    if !names.isEmpty { snapshot.imageFiles[uid] = names.sorted() }
+                }
+            } catch {
+                snapshot.problems.append("the image folder \(locations.imageDirectory) could not be listed: \(error)")
+            }
+        }
+        // No folder at all: image-upload has stored nothing yet, which is a valid state.
+        return snapshot
+    }
+
+    /// Opens `path` read-only (never creating it), runs `sql`, and closes it again.
+    private static func fetch(_ path: String, sql: String) throws -> [Row] {
+        guard FileManager.default.fileExists(atPath: path) else {
+            throw ServiceError(.storeUnavailable, "there is no such file")
+        }
+        var configuration = Configuration()
+        configuration.readonly = true
+        configuration.busyMode = .timeout(10)
+        configuration.label = "onboarding-chaos"
+        let database = try DatabaseQueue(path: path, configuration: configuration)
+        defer { try? database.close() }
+        return try database.read { db in try Row.fetchAll(db, sql: sql) }
+    }
+}

@@ -1,0 +1,5 @@
+import ArgumentParser
+import ChaosTest
+
+@main
+extension ChaosCommand {}
