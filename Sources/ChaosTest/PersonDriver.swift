@@ -26,6 +26,7 @@ public struct ChaosEndpoints: Sendable, Hashable {
 /// The steps of one person's journey.
 public enum JourneyStep: String, Sendable, Hashable {
     case signIn = "sign-in"
+    case awaitSetUpIntent = "wait for presentProfileSetup"
     case setUp = "set-up"
     case signOut = "sign-out"
     case signInAgain = "sign-in again"
@@ -91,6 +92,11 @@ struct PersonDriver: Sendable {
                 }
             }
 
+            // As an app does: the set-up sheet opens when the system says so. Asking for the intent
+            // in force covers an intent sent before this person could have subscribed.
+            step = .awaitSetUpIntent
+            try await awaitSetUpIntent(token: first.sessionToken, deadline: deadline)
+
             if let username = plan.username {
                 step = .setUp
                 try await setUp(
@@ -138,6 +144,20 @@ struct PersonDriver: Sendable {
             outcome.stopped = PersonOutcome.Stop(step: step, error: Self.describe(error))
         }
         return outcome
+    }
+
+    /// Asks `onboarding.intent` until `presentProfileSetup` is in force for the person.
+    private func awaitSetUpIntent(token: String, deadline: ContinuousClock.Instant) async throws {
+        var pause = Duration.milliseconds(20)
+        while true {
+            let state = try await caller.call(CurrentIntent(), to: endpoints.orchestratorRPC, sessionToken: token, until: deadline)
+            if state.intent?.intent == .presentProfileSetup { return }
+            guard ContinuousClock.now.advanced(by: pause) < deadline else {
+                throw ServiceError(.timeout, "presentProfileSetup never came into force for this new account")
+            }
+            try await Task.sleep(for: pause)
+            pause = min(pause * 2, .milliseconds(500))
+        }
     }
 
     /// Sets up the profile with one idempotency key for every resend.

@@ -249,16 +249,14 @@ public struct OnboardingStateMachine: Sendable {
                 + waiters.map { .answer(waiter: $0, status) }
 
         case .signedOut(let uid):
-            guard var person = people[uid] else { return [.evictProfileCache(uid: uid)] }
-            let waiters = person.check?.waiters ?? []
-            if !person.withdrawn {
-                // Forget what was known, as the cache does; the next sign-in asks again.
+            // Forget what was known, as the cache does; the next sign-in asks again. A check
+            // under way goes on: its callers were signed in when they asked (perhaps with another
+            // session of the same person, signed in again before this event arrived).
+            if var person = people[uid], !person.withdrawn, person.check == nil {
                 person.profile = .unknown
-                person.check = nil
                 people[uid] = person
             }
-            let failure = ServiceError(.unauthenticated, "You have signed out; sign in again.")
-            return waiters.map { .answerFailure(waiter: $0, failure) } + [.evictProfileCache(uid: uid)]
+            return [.evictProfileCache(uid: uid)]
 
         case .withdrawn(let uid):
             let person = people[uid]
