@@ -108,6 +108,8 @@ struct EventFeedTests {
                 try await publisher.append()
                 try await recorder.waitUntilHandled(through: 1)
                 try await publisher.republish(1)
+                // A duplicate makes the feed check with events.after (a reset store repeats numbers too).
+                try await waitUntilReplayed(bus, times: 2)
                 try await publisher.append()
                 try await recorder.waitUntilHandled(through: 2)
             }
@@ -163,6 +165,27 @@ struct EventFeedTests {
             }
             #expect(recorder.calls.value == [.init(sequences: [], through: 0), .init(sequences: [1, 2], through: 2)])
             #expect(logs.entries.contains { $0.level == .warning && $0.message.contains("reset") })
+        }
+    }
+
+    @Test("a store reset behind a busy live stream is noticed from the numbers it repeats")
+    func noticesResetFromLiveStream() async throws {
+        try await withPublisher { publisher, bus in
+            let feed = makeFeed(bus: bus)
+            let recorder = FeedRecorder()
+            try await withFeed(feed, recorder: recorder) {
+                try await waitUntilReplayed(bus)
+                for _ in 1...3 { try await publisher.append() }
+                try await recorder.waitUntilHandled(through: 3)
+                try await publisher.writer.write { db in
+                    try db.execute(sql: "DELETE FROM outbox")
+                    try db.execute(sql: "DELETE FROM sqlite_sequence WHERE name = 'outbox'")
+                }
+                #expect(try await publisher.append() == 1)
+                try await recorder.calls.wait { $0.last == .init(sequences: [1], through: 1) }
+            }
+            #expect(recorder.calls.value.suffix(2) == [.init(sequences: [], through: 0), .init(sequences: [1], through: 1)])
+            #expect(feed.statistics.sequence == 1)
         }
     }
 
