@@ -10,10 +10,10 @@ import Synchronization
 /// The zguide's Clone pattern: subscribe to the live stream first, then fetch what was recorded
 /// after the subscriber's cursor with `events.after` until caught up, then follow the live
 /// stream. A live event with a number at or below the cursor is dropped (counted in
-/// ``FeedStatistics/duplicatesDropped``); one that skips numbers (a lost message, a full queue,
-/// the ZeroMQ slow joiner) makes the feed fetch from the cursor again. When nothing arrives
-/// live for `idleCheck`, the feed asks anyway, which finds a lost last event and a publisher
-/// that restarted.
+/// ``FeedStatistics/duplicatesDropped``, and checked with a fetch); one that skips numbers (a
+/// lost message, a full queue, the ZeroMQ slow joiner) makes the feed fetch from the cursor
+/// again. When nothing arrives live for `idleCheck`, the feed asks anyway, which finds a lost
+/// last event and a publisher that restarted.
 ///
 /// The live subscription takes every topic of the publisher, so its numbers have no gaps of
 /// their own; only events whose topic starts with one of `topics` reach the handler.
@@ -139,6 +139,10 @@ public final class EventFeed: Sendable {
             }
             if let gap = step.gap {
                 logger.debug("live event \(gap) came after \(progress.cursor) from \(events); fetching what is missing")
+                guard await catchUp(&progress, handle: handle) else { return }
+            } else if step.duplicates > 0 {
+                // Usually the overlap after a catch-up; but a publisher whose store was reset
+                // also sends numbers already seen, and a busy stream never goes quiet: ask.
                 guard await catchUp(&progress, handle: handle) else { return }
             }
         }
@@ -275,6 +279,8 @@ struct FeedProgress: Sendable {
         var through: UInt64
         /// The sequence of a live event that skipped numbers: fetch before going on.
         var gap: UInt64?
+        /// How many events were dropped as already handled.
+        var duplicates = 0
     }
 
     /// What to hand over from one `events.after` page.
@@ -318,6 +324,7 @@ struct FeedProgress: Sendable {
             taken += 1
             if sequence <= step.through {
                 statistics.duplicatesDropped += 1
+                step.duplicates += 1
             } else if sequence == step.through + 1 {
                 step.through = sequence
                 if wants(message.topic) { step.batch.append(message) }

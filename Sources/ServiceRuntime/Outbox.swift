@@ -173,8 +173,13 @@ extension Outbox {
                     let newest = try Int64.fetchOne(db, sql: "SELECT MAX(sequence) FROM outbox")
                 else { return (0, false) }
                 let chunkEnd = oldest + chunk - 1
+                // Reads rows oldest first and stops at the first young one: one row when none is old.
                 let firstYoung = try Int64.fetchOne(
-                    db, sql: "SELECT MIN(sequence) FROM outbox WHERE sequence BETWEEN ? AND ? AND createdAt >= ?",
+                    db,
+                    sql: """
+                        SELECT sequence FROM outbox WHERE sequence BETWEEN ? AND ? AND createdAt >= ?
+                        ORDER BY sequence LIMIT 1
+                        """,
                     arguments: [oldest, chunkEnd, cutoff])
                 guard
                     let bound = retention.pruneBound(
