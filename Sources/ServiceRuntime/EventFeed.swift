@@ -39,7 +39,7 @@ public final class EventFeed: Sendable {
     private let pageSize: Int
     private let idleCheck: Duration
     private let callTimeout: Duration
-    private let retry: Backoff
+    private let retry: RetryPolicy
     private let limits: MessageLimits
     private let logger: Logger
     private let shared: Mutex<FeedStatistics>
@@ -59,7 +59,7 @@ public final class EventFeed: Sendable {
     public init(
         bus: any MessageBus, events: Endpoint, replay: Endpoint, topics: [String] = [""], source: String,
         serviceToken: String?, pageSize: Int = Outbox.defaultPageSize, idleCheck: Duration = .seconds(1),
-        callTimeout: Duration = .seconds(2), retry: Backoff = Backoff(), limits: MessageLimits = MessageLimits(),
+        callTimeout: Duration = .seconds(2), retry: RetryPolicy = RetryPolicy(), limits: MessageLimits = MessageLimits(),
         logger: Logger
     ) {
         self.bus = bus
@@ -246,23 +246,6 @@ public final class EventFeed: Sendable {
 
     private func share(_ progress: FeedProgress) {
         shared.withLock { $0 = progress.statistics }
-    }
-}
-
-/// Waits that double from `initial` up to `maximum`.
-public struct Backoff: Sendable, Hashable {
-    public var initial: Duration
-    public var maximum: Duration
-
-    public init(initial: Duration = .milliseconds(100), maximum: Duration = .seconds(5)) {
-        self.initial = initial
-        self.maximum = maximum
-    }
-
-    /// The wait before retry number `attempt` (1 is the first retry).
-    public func delay(attempt: Int) -> Duration {
-        let factor = 1 << min(max(attempt - 1, 0), 30)
-        return min(initial * factor, maximum)
     }
 }
 

@@ -343,7 +343,7 @@ struct FeedProgressTests {
 
     @Test("backoff doubles up to its maximum")
     func backoff() {
-        let backoff = Backoff(initial: .milliseconds(100), maximum: .seconds(5))
+        let backoff = RetryPolicy(initial: .milliseconds(100), maximum: .seconds(5))
         #expect((1...8).map { backoff.delay(attempt: $0) } == [
             .milliseconds(100), .milliseconds(200), .milliseconds(400), .milliseconds(800), .milliseconds(1600),
             .milliseconds(3200), .seconds(5), .seconds(5),

@@ -237,5 +237,5 @@ func makeFeed(
     EventFeed(
         bus: bus, events: OutboxPublisher.events, replay: OutboxPublisher.rpc, topics: topics, source: "test",
         serviceToken: nil, idleCheck: idleCheck, callTimeout: .seconds(2),
-        retry: Backoff(initial: .milliseconds(5), maximum: .milliseconds(40)), logger: logger)
+        retry: RetryPolicy(initial: .milliseconds(5), maximum: .milliseconds(40)), logger: logger)
 }
