@@ -148,9 +148,10 @@ struct CallRetryingTests {
         }
         let elapsed = start.duration(to: clock.now)
         #expect(error?.code == .timeout)
-        #expect(received.count >= 2, "at least one retry")
+        #expect(!received.isEmpty)
+        // Only a lower bound: a loaded machine may run timers late (when to retry, and when not
+        // to, is the schedule's decision, tested without a clock in RetrySchedule's tests).
         #expect(elapsed >= .milliseconds(450), "\(elapsed)")
-        #expect(elapsed < .milliseconds(1_500), "\(elapsed)")
     }
 
     @Test("nothing listening: noResponder once the deadline has passed")
