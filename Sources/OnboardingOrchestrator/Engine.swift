@@ -8,15 +8,17 @@ import Synchronization
 
 /// Carries out the state machine's decisions and keeps them.
 ///
-/// **Decisions commit in batches.** Everything the machine learns (events, call outcomes,
-/// requests) is queued; one loop takes whatever has queued up, feeds it to the machine inside a
-/// single write transaction, and stores in that same transaction the people it changed, the
-/// route intents it emitted (in the route outbox, which publishes them after the commit) and
-/// the feeds' cursors. So an event's effects and the note that it was handled commit together,
-/// and under load one commit carries many decisions.
+/// **Decisions commit in batches.** Call outcomes and requests are queued; one loop takes
+/// whatever has queued up, feeds it to the machine inside a single write transaction, and stores
+/// in that same transaction the people it changed and the route intents it emitted (in the
+/// route outbox, which publishes them after the commit). Events come in batches already
+/// (``EventFeed`` hands over what has queued up) and commit the same way, straight from the
+/// feed, with the feed's cursor: an event's effects and the note that it was handled commit
+/// together. Under load one commit carries many decisions.
 ///
-/// The machine lives behind a mutex that only the loop's transactions take. If a commit fails,
-/// the machine is rebuilt from the store, so memory never runs ahead of what is stored.
+/// The machine lives behind a mutex that only these write transactions take (GRDB runs one at a
+/// time). If a commit fails, the machine is rebuilt from the store, so memory never runs ahead
+/// of what is stored.
 final class Engine: Sendable {
     let configuration: OnboardingOrchestrator.Configuration
     let bus: any MessageBus
@@ -79,7 +81,10 @@ final class Engine: Sendable {
                 logger.warning("ignored an unreadable \(event.header.type) event from \(event.header.source): \(error)")
             }
         }
-        try await sendAndWait(inputs, cursor: (publisher, sequence))
+        // Committed right here rather than through the queue: one hand-off less on the path from
+        // sign-in to intent. GRDB runs one write at a time, so this batch and the queue's are
+        // still applied in turn; under load a feed's batch holds every event already queued.
+        try await commit([DecisionQueue.Submission(inputs: inputs, cursor: (publisher, sequence))])
     }
 
     // MARK: The decision loop
@@ -88,10 +93,10 @@ final class Engine: Sendable {
     func decide() async {
         for await _ in queue.signal {
             let batch = queue.take()
-            if !batch.isEmpty { await commit(batch) }
+            if !batch.isEmpty { try? await commit(batch) }
         }
         let rest = queue.take()
-        if !rest.isEmpty { await commit(rest) }
+        if !rest.isEmpty { try? await commit(rest) }
     }
 
     /// Lets ``decide()`` return once what is queued has committed.
@@ -99,7 +104,9 @@ final class Engine: Sendable {
         queue.finish()
     }
 
-    private func commit(_ batch: [DecisionQueue.Submission]) async {
+    /// Applies `batch` to the machine and stores the outcome in one transaction, then carries
+    /// out the actions. On failure everyone waiting on the batch is told, and the error rethrown.
+    private func commit(_ batch: [DecisionQueue.Submission]) async throws {
         do {
             let actions = try await database.write { [self] db in
                 try machine.withLock { machine in try apply(batch, to: &machine, in: db) }
@@ -115,6 +122,7 @@ final class Engine: Sendable {
             // resend their events; waiting callers were told to try again.
             machine.withLock { $0 = OnboardingStateMachine(retryPolicy: configuration.retryPolicy, capacity: $0.capacity) }
             try? await resumeUnfinishedWork()
+            throw error
         }
     }
 

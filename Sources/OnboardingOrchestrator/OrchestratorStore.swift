@@ -61,7 +61,8 @@ enum OrchestratorStore {
 
     static func person(_ uid: String, in db: Database) throws -> OnboardingStateMachine.PersistedPerson? {
         guard let row = try Row.fetchOne(
-            db, sql: "SELECT profile, pendingCheck, withdrawn, cleanup FROM person WHERE uid = ?", arguments: [uid])
+            db.cachedStatement(sql: "SELECT profile, pendingCheck, withdrawn, cleanup FROM person WHERE uid = ?"),
+            arguments: [uid])
         else { return nil }
         return persisted(row)
     }
@@ -94,33 +95,27 @@ enum OrchestratorStore {
             case .unknown: "unknown"
             }
         let cleanup = OnboardingStateMachine.CleanupStep.allCases.filter(person.cleanup.contains).map(\.rawValue).joined(separator: ",")
-        try db.execute(
-            sql: """
+        try db.executeCached("""
                 INSERT INTO person (uid, profile, pendingCheck, withdrawn, cleanup) VALUES (?, ?, ?, ?, ?)
                 ON CONFLICT (uid) DO UPDATE SET
                     profile = excluded.profile, pendingCheck = excluded.pendingCheck,
                     withdrawn = excluded.withdrawn, cleanup = excluded.cleanup
-                """,
-            arguments: [uid, profile, person.pendingCheck?.rawValue, person.withdrawn, cleanup])
+                """, [uid, profile, person.pendingCheck?.rawValue, person.withdrawn, cleanup])
         if person.withdrawn {
             // Nothing is in force for someone who has left.
-            try db.execute(
-                sql: "UPDATE person SET intentId = NULL, intent = NULL, reason = NULL, intentSequence = NULL, intentTime = NULL WHERE uid = ? AND intentId IS NOT NULL",
-                arguments: [uid])
+            try db.executeCached("UPDATE person SET intentId = NULL, intent = NULL, reason = NULL, intentSequence = NULL, intentTime = NULL WHERE uid = ? AND intentId IS NOT NULL", [uid])
         }
     }
 
     /// Records `intent` as the one in force for its person.
     static func recordIntent(_ intent: RouteIntent, sequence: UInt64, time: String, in db: Database) throws {
-        try db.execute(
-            sql: """
+        try db.executeCached("""
                 INSERT INTO person (uid, profile, intentId, intent, reason, intentSequence, intentTime)
                 VALUES (?, 'unknown', ?, ?, ?, ?, ?)
                 ON CONFLICT (uid) DO UPDATE SET
                     intentId = excluded.intentId, intent = excluded.intent, reason = excluded.reason,
                     intentSequence = excluded.intentSequence, intentTime = excluded.intentTime
-                """,
-            arguments: [intent.uid, intent.intentId, intent.intent.rawValue, intent.reason.rawValue, sequence, time])
+                """, [intent.uid, intent.intentId, intent.intent.rawValue, intent.reason.rawValue, sequence, time])
     }
 
     // MARK: Route state
@@ -166,9 +161,7 @@ enum OrchestratorStore {
     }
 
     static func setCursor(_ publisher: String, to sequence: UInt64, in db: Database) throws {
-        try db.execute(
-            sql: "INSERT INTO cursor (publisher, sequence) VALUES (?, ?) ON CONFLICT (publisher) DO UPDATE SET sequence = excluded.sequence",
-            arguments: [publisher, Int64(clamping: sequence)])
+        try db.executeCached("INSERT INTO cursor (publisher, sequence) VALUES (?, ?) ON CONFLICT (publisher) DO UPDATE SET sequence = excluded.sequence", [publisher, Int64(clamping: sequence)])
     }
 
     // MARK: Set-ups

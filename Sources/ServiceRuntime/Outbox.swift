@@ -45,14 +45,13 @@ public final class Outbox: Sendable {
     ) throws -> UInt64 {
         let topic = topic ?? Event.type
         let time = Timestamp.now()
-        try db.execute(
-            sql: "INSERT INTO outbox (type, topic, uid, envelope, createdAt) VALUES (?, ?, ?, x'', ?)",
-            arguments: [Event.type, topic, uid, time])
+        try db.executeCached(
+            "INSERT INTO outbox (type, topic, uid, envelope, createdAt) VALUES (?, ?, ?, x'', ?)", [Event.type, topic, uid, time])
         let sequence = UInt64(db.lastInsertedRowID)
         let header = EnvelopeHeader(
             type: Event.type, source: source, sequence: sequence, time: time, correlationId: correlationId, uid: uid)
         let body = try Envelope(header: header, payload: event).encoded()
-        try db.execute(sql: "UPDATE outbox SET envelope = ? WHERE sequence = ?", arguments: [body, sequence])
+        try db.executeCached("UPDATE outbox SET envelope = ? WHERE sequence = ?", [body, sequence])
         let publisher = self.publisher
         db.afterNextTransaction { _ in
             // Publishing only queues the message for the bus's I/O thread; it never blocks.

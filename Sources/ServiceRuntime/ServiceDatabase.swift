@@ -33,6 +33,14 @@ public enum ServiceDatabase {
     }
 }
 
+extension Database {
+    /// Executes `sql` with a statement prepared once per connection and reused: for the
+    /// statements a service runs on every request or event.
+    public func executeCached(_ sql: String, _ arguments: StatementArguments = StatementArguments()) throws {
+        try cachedStatement(sql: sql).execute(arguments: arguments)
+    }
+}
+
 /// Runs `body` against the store and turns a database failure into `storeUnavailable`, so a
 /// caller never mistakes a failure for an answer.
 ///
