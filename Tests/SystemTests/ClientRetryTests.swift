@@ -17,8 +17,8 @@ struct ClientRetryTests {
             bus: bus,
             configuration: .init(
                 authRPC: endpoints.authRPC, profileRPC: endpoints.profileRPC, orchestratorRPC: endpoints.orchestratorRPC,
-                routes: endpoints.routes, timeout: .milliseconds(200),
-                retry: RetryPolicy(initial: .milliseconds(10), maximum: .milliseconds(50)), deadline: .seconds(5),
+                routes: endpoints.routes, timeout: .milliseconds(400),
+                retry: RetryPolicy(initial: .milliseconds(10), maximum: .milliseconds(50)), deadline: .seconds(30),
                 name: "retry-test"),
             session: session)
     }
