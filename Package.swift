@@ -151,6 +151,7 @@ let package = Package(
         .target(
             name: "ChaosTest",
             dependencies: [
+                "ClientCommands",
                 "OnboardingAPI",
                 "ZeroMQMessaging",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),

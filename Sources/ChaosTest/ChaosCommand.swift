@@ -1,4 +1,5 @@
 import ArgumentParser
+import ClientCommands
 import Foundation
 import Logging
 import Messaging
@@ -51,16 +52,7 @@ public struct ChaosCommand: AsyncParsableCommand {
     @Option(help: "The services' shared secret, for onboarding.routes and events.after. Env: ONBOARDING_SERVICE_TOKEN. Default: read from <data-dir>/service.token")
     var serviceToken: String?
 
-    @Option(help: "auth's request endpoint. Env: ONBOARDING_AUTH_RPC. Default: \(Defaults.authRPC)")
-    var authRpc: String?
-    @Option(help: "profile's request endpoint. Env: ONBOARDING_PROFILE_RPC. Default: \(Defaults.profileRPC)")
-    var profileRpc: String?
-    @Option(help: "image-upload's request endpoint. Env: ONBOARDING_IMAGE_RPC. Default: \(Defaults.imageRPC)")
-    var imageRpc: String?
-    @Option(help: "The orchestrator's request endpoint. Env: ONBOARDING_ORCHESTRATOR_RPC. Default: \(Defaults.orchestratorRPC)")
-    var orchestratorRpc: String?
-    @Option(help: "The route-intent publisher. Env: ONBOARDING_ROUTES. Default: \(Defaults.routes)")
-    var routes: String?
+    @OptionGroup var endpoints: EndpointOptions
 
     @Option(help: "Also write the result as JSON to this file: the counts, and every person with what they did and what is wrong.")
     var reportFile: String?
@@ -125,12 +117,8 @@ public struct ChaosCommand: AsyncParsableCommand {
             flag ?? Settings.environment(env) ?? "\(dataDirectory)/\(name)"
         }
         let endpoints = ChaosEndpoints(
-            authRPC: Settings.endpoint(authRpc, env: "ONBOARDING_AUTH_RPC", default: Defaults.authRPC),
-            profileRPC: Settings.endpoint(profileRpc, env: "ONBOARDING_PROFILE_RPC", default: Defaults.profileRPC),
-            imageRPC: Settings.endpoint(imageRpc, env: "ONBOARDING_IMAGE_RPC", default: Defaults.imageRPC),
-            orchestratorRPC: Settings.endpoint(
-                orchestratorRpc, env: "ONBOARDING_ORCHESTRATOR_RPC", default: Defaults.orchestratorRPC),
-            routes: Settings.endpoint(routes, env: "ONBOARDING_ROUTES", default: Defaults.routes))
+            authRPC: endpoints.authRPC, profileRPC: endpoints.profileRPC, imageRPC: endpoints.imageRPC,
+            orchestratorRPC: endpoints.orchestratorRPC, routes: endpoints.routesEndpoint)
         var imageBytes: Data?
         if let image {
             guard let bytes = await Blocking.run({ FileManager.default.contents(atPath: image) }) else {

@@ -25,6 +25,7 @@ public struct ClientCommand: AsyncParsableCommand {
 /// Options every client subcommand takes.
 struct ClientOptions: ParsableArguments {
     @OptionGroup var endpoints: EndpointOptions
+    @OptionGroup var calls: CallOptions
     @Option(help: "Where the session is kept between commands. Env: ONBOARDING_CLIENT_STATE.")
     var stateFile: String?
     @Flag(help: "Print the reply as one JSON object instead of text.")
@@ -36,7 +37,7 @@ struct ClientOptions: ParsableArguments {
     func withClient<T: Sendable>(_ body: (OnboardingClient) async throws -> T) async throws -> T {
         bootstrapToolLogging()
         let session = sessionFile.load()
-        let configuration = endpoints.clientConfiguration
+        let configuration = endpoints.clientConfiguration(calls)
         return try await withBus(name: configuration.name) { bus in
             try await body(OnboardingClient(bus: bus, configuration: configuration, session: session))
         }
@@ -212,11 +213,13 @@ struct HealthCommand: AsyncParsableCommand {
     @Flag(help: "Print nothing; only the exit status says whether all are up.")
     var quiet = false
     @OptionGroup var endpoints: EndpointOptions
+    @Option(help: "How long to wait for each reply, in milliseconds.")
+    var timeoutMs: Int = 3000
 
     func run() async throws {
         bootstrapToolLogging()
         let services = endpoints.services
-        let timeout = Duration.milliseconds(endpoints.timeoutMs)
+        let timeout = Duration.milliseconds(timeoutMs)
         let down: [String] = try await withBus(name: "onboarding-client") { bus in
             // One deadline for all services: an attempt may start until `wait` is over, and
             // gets its full timeout. With no time left, each service is asked once.

@@ -18,32 +18,36 @@ public struct EndpointOptions: ParsableArguments {
     var orchestratorRpc: String?
     @Option(help: "The route-intent publisher. Env: ONBOARDING_ROUTES. Default: \(Defaults.routes)")
     var routes: String?
-    @Option(help: "How long to wait for a reply, in milliseconds. Default: 3000")
-    var timeoutMs: Int = 3000
-    @Option(help: "How long to keep resending a request that is safe to repeat while the service does not answer, in milliseconds. Default: 10000")
-    var deadlineMs: Int = 10_000
 
     public init() {}
 
-    var authRPC: Endpoint { Settings.endpoint(authRpc, env: "ONBOARDING_AUTH_RPC", default: Defaults.authRPC) }
-    var profileRPC: Endpoint { Settings.endpoint(profileRpc, env: "ONBOARDING_PROFILE_RPC", default: Defaults.profileRPC) }
-    var imageRPC: Endpoint { Settings.endpoint(imageRpc, env: "ONBOARDING_IMAGE_RPC", default: Defaults.imageRPC) }
-    var orchestratorRPC: Endpoint {
+    public var authRPC: Endpoint { Settings.endpoint(authRpc, env: "ONBOARDING_AUTH_RPC", default: Defaults.authRPC) }
+    public var profileRPC: Endpoint { Settings.endpoint(profileRpc, env: "ONBOARDING_PROFILE_RPC", default: Defaults.profileRPC) }
+    public var imageRPC: Endpoint { Settings.endpoint(imageRpc, env: "ONBOARDING_IMAGE_RPC", default: Defaults.imageRPC) }
+    public var orchestratorRPC: Endpoint {
         Settings.endpoint(orchestratorRpc, env: "ONBOARDING_ORCHESTRATOR_RPC", default: Defaults.orchestratorRPC)
     }
-    var routesEndpoint: Endpoint { Settings.endpoint(routes, env: "ONBOARDING_ROUTES", default: Defaults.routes) }
+    public var routesEndpoint: Endpoint { Settings.endpoint(routes, env: "ONBOARDING_ROUTES", default: Defaults.routes) }
 
-    var clientConfiguration: OnboardingClient.Configuration {
+    func clientConfiguration(_ calls: CallOptions) -> OnboardingClient.Configuration {
         OnboardingClient.Configuration(
             authRPC: authRPC, profileRPC: profileRPC, orchestratorRPC: orchestratorRPC, routes: routesEndpoint,
-            timeout: .milliseconds(timeoutMs), deadline: .milliseconds(deadlineMs))
+            timeout: .milliseconds(calls.timeoutMs), deadline: .milliseconds(calls.deadlineMs))
     }
 
     /// Every service's name and request endpoint.
-    var services: [(name: String, endpoint: Endpoint)] {
+    public var services: [(name: String, endpoint: Endpoint)] {
         [(ServiceName.auth, authRPC), (ServiceName.profile, profileRPC), (ServiceName.imageUpload, imageRPC),
          (ServiceName.orchestrator, orchestratorRPC)]
     }
+}
+
+/// How long the client tools wait for replies, and keep resending.
+struct CallOptions: ParsableArguments {
+    @Option(help: "How long to wait for a reply, in milliseconds.")
+    var timeoutMs: Int = 3000
+    @Option(help: "How long to keep resending a request that is safe to repeat while the service does not answer, in milliseconds.")
+    var deadlineMs: Int = 10_000
 }
 
 /// Runs `body` with a ZeroMQ bus, shutting the bus down afterwards; a ``ServiceError`` is

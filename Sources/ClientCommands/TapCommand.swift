@@ -30,6 +30,7 @@ public struct TapCommand: AsyncParsableCommand {
     @Option(help: "Colour the text: auto (on a terminal), always or never.")
     var color: ColorChoice = .auto
     @OptionGroup var endpoints: EndpointOptions
+    @OptionGroup var calls: CallOptions
 
     enum ColorChoice: String, ExpressibleByArgument, CaseIterable {
         case auto, always, never
@@ -53,7 +54,7 @@ public struct TapCommand: AsyncParsableCommand {
         }
         // Uids are lowercase UUIDs; topics match byte for byte.
         let tap = Tap(
-            bus: bus, configuration: endpoints.clientConfiguration, uid: uid?.lowercased(), json: json, color: useColor,
+            bus: bus, configuration: endpoints.clientConfiguration(calls), uid: uid?.lowercased(), json: json, color: useColor,
             orchestrator: endpoints.orchestratorRPC, serviceToken: token)
         let group = ServiceGroup(
             configuration: .init(
