@@ -71,6 +71,9 @@ public struct ChaosSummary: Sendable {
     public var replay: FillResult
     /// How many people had an intent in force, or why the route state could not be read.
     public var routeState: Result<Int, RouteStateUnavailable>
+    /// How the orchestrator followed auth and profile since its last start (its `health`
+    /// reply); empty when it did not say.
+    public var feeds: [FeedStatistics] = []
     /// Problems that concern the whole run (unreadable stores, a service that never came back).
     public var runProblems: [String]
     /// Uids of people who stopped before their sign-in was answered, found in auth's store.
@@ -191,12 +194,14 @@ public struct ChaosRun: Sendable {
                     people: outcomes, stores: stores, recording: recording, routeStates: try? states.get()))
                 let consistent = lost.isEmpty && stores.problems.isEmpty
                 if consistent || clock.now >= settleDeadline {
-                    let summary = ChaosSummary(
+                    var summary = ChaosSummary(
                         plan: plan, outcomes: outcomes, lost: lost, kills: kills, recording: recording.counts,
                         order: recording.order, replay: replay, routeState: states.map(\.count),
                         runProblems: runProblems + stores.problems, uidsBySubject: stores.accountBySubject,
                         droppedByBus: bus.statistics.droppedEvents, elapsed: started.duration(to: clock.now),
                         driveTime: driveTime, settleTime: settleStarted.duration(to: clock.now), settleRounds: round)
+                    summary.feeds = (try? await caller.call(
+                        HealthCheck(), to: configuration.endpoints.orchestratorRPC, until: callDeadline).feeds) ?? []
                     say(consistent ? "consistent after \(round) check\(round == 1 ? "" : "s")" : "settle time is up")
                     return summary
                 }

@@ -55,6 +55,11 @@ public enum Report {
             "deduplicated",
             "\(counts.deduplicated)  (dropped as already recorded: \(counts.duplicatesDelivered) live, "
                 + "\(counts.deduplicated - counts.duplicatesDelivered) from events.after)")
+        for feed in summary.feeds {
+            row(
+                "orchestrator feed",
+                "\(feed.publisher): \(feed.handled) handled, \(feed.replayed) from events.after, \(feed.duplicatesDropped) duplicates dropped, \(feed.lost) lost (since its last start)")
+        }
         row("lost", "\(summary.lost.count)")
         let byRule = Dictionary(grouping: summary.lost.flatMap { Set($0.problems.map(\.rule)) }, by: { $0 }).mapValues(\.count)
         for rule in Rule.allCases {
