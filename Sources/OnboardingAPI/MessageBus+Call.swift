@@ -62,8 +62,9 @@ extension MessageBus {
     ///   - deadline: the longest the whole call may take.
     ///   - retryingOn: the error codes that are retried; any other error is thrown at once.
     /// - Throws: the service's refusal at once; after the deadline, the last attempt's
-    ///   ``ServiceError``; `CancellationError` when the calling task is cancelled, without
-    ///   another attempt.
+    ///   ``ServiceError``, except that `timeout` wins over a later `noResponder`, `overloaded` or
+    ///   `shuttingDown` (an attempt that timed out may have been carried out); `CancellationError`
+    ///   when the calling task is cancelled, without another attempt.
     public func callRetrying<Request: APIRequest>(
         _ request: Request,
         to endpoint: Endpoint,
@@ -100,15 +101,23 @@ extension MessageBus {
         let start = clock.now
         var attempt = 1
         var timeout = schedule.firstAttemptTimeout
+        /// An attempt that timed out may have been carried out.
+        var unanswered: ServiceError?
         while true {
             do {
                 return try await call(
                     request, to: endpoint, source: source, uid: uid, sessionToken: sessionToken,
                     serviceToken: serviceToken, correlationId: correlationId, attachment: attachment, timeout: timeout)
             } catch let error as ServiceError {
+                if error.code == .timeout { unanswered = error }
                 let decision = schedule.decision(
                     after: error, attempt: attempt, elapsed: start.duration(to: clock.now), random: Double.random(in: 0..<1))
-                guard case .retry(let delay, let next) = decision else { throw error }
+                guard case .retry(let delay, let next) = decision else {
+                    // Later attempts that were turned away say nothing of an earlier one that timed
+                    // out: its outcome stays unknown, and the caller must hear that.
+                    if let unanswered, ErrorCode.notHandled.contains(error.code) { throw unanswered }
+                    throw error
+                }
                 try await Task.sleep(for: delay, clock: clock)
                 attempt += 1
                 // The sleep may have run late: no attempt outlives the deadline.

@@ -17,8 +17,8 @@ import Synchronization
 /// together. Under load one commit carries many decisions.
 ///
 /// The machine lives behind a mutex that only these write transactions take (GRDB runs one at a
-/// time). If a commit fails, the machine is rebuilt from the store, so memory never runs ahead
-/// of what is stored.
+/// time). When a transaction rolls back, the next one first rebuilds the machine from the store,
+/// so memory never runs ahead of what is stored.
 final class Engine: Sendable {
     let configuration: OnboardingOrchestrator.Configuration
     let bus: any MessageBus
@@ -27,6 +27,9 @@ final class Engine: Sendable {
     let logger: Logger
     let work: AsyncStream<Work>.Continuation
     private let machine: Mutex<OnboardingStateMachine>
+    /// Set when a transaction that changed the machine rolled back: the next one starts the
+    /// machine again from the store.
+    private let stale = Atomic<Bool>(false)
     private let queue = DecisionQueue()
     private let waiters = Mutex<[OnboardingStateMachine.WaiterID: CheckedContinuation<Result<OnboardingStatus, ServiceError>, Never>]>([:])
     private let nextWaiter = Atomic<UInt64>(0)
@@ -100,7 +103,7 @@ final class Engine: Sendable {
     }
 
     /// Lets ``decide()`` return once what is queued has committed.
-    func finishDeciding() async {
+    func finishDeciding() {
         queue.finish()
     }
 
@@ -114,14 +117,18 @@ final class Engine: Sendable {
             for submission in batch { submission.committed?.resume() }
             for action in actions { perform(action) }
         } catch {
-            logger.error("could not store \(batch.count) decision(s): \(error); reloading from the store and trying again")
-            for submission in batch {
-                submission.committed?.resume(throwing: ServiceError(.storeUnavailable, "The orchestrator could not store a decision; try again."))
+            if !(error is CancellationError) {
+                logger.error("could not store \(batch.count) decision(s): \(error); starting again from the store")
             }
-            // Memory has moved ahead of the store: start again from what is stored. Feeds
-            // resend their events; waiting callers were told to try again.
-            machine.withLock { $0 = OnboardingStateMachine(retryPolicy: configuration.retryPolicy, capacity: $0.capacity) }
-            try? await resumeUnfinishedWork()
+            let failure = ServiceError(.storeUnavailable, "The orchestrator could not store a decision; try again.")
+            for submission in batch { submission.committed?.resume(throwing: failure) }
+            // The machine starts again from the store (see `apply`): what it was working on for
+            // waiting callers is gone, so they are told to ask again. Feeds resend their events.
+            let waiting = waiters.withLock { waiters in
+                defer { waiters = [:] }
+                return Array(waiters.values)
+            }
+            for continuation in waiting { continuation.resume(returning: .failure(failure)) }
             throw error
         }
     }
@@ -130,6 +137,16 @@ final class Engine: Sendable {
         _ batch: [DecisionQueue.Submission], to machine: inout OnboardingStateMachine, in db: Database
     ) throws -> [OnboardingStateMachine.Action] {
         var later: [OnboardingStateMachine.Action] = []
+        // Registered first, so that a rollback anywhere below (the rebuild included) is noticed.
+        db.afterNextTransaction(onCommit: { _ in }, onRollback: { [self] _ in stale.store(true, ordering: .releasing) })
+        if stale.exchange(false, ordering: .acquiringAndReleasing) {
+            // An earlier transaction rolled back after changing the machine: memory ran ahead of
+            // the store. Start again from what is stored, and resume the work under way.
+            machine.reset()
+            for (uid, person) in try OrchestratorStore.peopleWithWork(in: db) {
+                later += machine.restore(uid: uid, person)
+            }
+        }
         for submission in batch {
             for input in submission.inputs {
                 if !machine.isTracking(input.uid), let stored = try OrchestratorStore.person(input.uid, in: db) {
@@ -189,7 +206,7 @@ final class Engine: Sendable {
             }
         case .retryCheck(let uid, let check, let delay, let attempt, let error):
             logger.warning("profile check for \(uid) failed (\(error)); retry \(attempt) in \(delay)")
-            enqueue { engine in
+            enqueue(timer: true) { engine in
                 guard (try? await Task.sleep(for: delay)) != nil else { return }
                 engine.send(.checkRetryDue(uid: uid, check: check))
             }
@@ -224,15 +241,15 @@ final class Engine: Sendable {
             }
         case .retryCleanup(let uid, let step, let delay, let attempt, let error):
             logger.warning("withdrawal clean-up \(step.rawValue) for \(uid) failed (\(error)); retry \(attempt) in \(delay)")
-            enqueue { engine in
+            enqueue(timer: true) { engine in
                 guard (try? await Task.sleep(for: delay)) != nil else { return }
                 engine.send(.cleanupRetryDue(uid: uid, step: step))
             }
         }
     }
 
-    private func enqueue(_ job: @escaping @Sendable (Engine) async -> Void) {
-        work.yield(Work { [self] in await job(self) })
+    private func enqueue(timer: Bool = false, _ job: @escaping @Sendable (Engine) async -> Void) {
+        work.yield(Work(isTimer: timer) { [self] in await job(self) })
     }
 
     /// A call to another service on behalf of `uid`, with the service token.
@@ -330,6 +347,7 @@ final class Engine: Sendable {
         let record = OrchestratorStore.Setup(uid: uid, idempotencyKey: key, username: saga.username)
         try await withStore(database, logger: logger) { try OrchestratorStore.beginSetup(record, in: $0) }
         var service = ServiceName.profile
+        var strayImagesLeft = false
         while true {
             switch step {
             case .uploadImage:
@@ -362,13 +380,16 @@ final class Engine: Sendable {
                     step = saga.next(after: .lookUpFailed(Self.serviceError(error)))
                 }
             case .deleteImage(let path):
-                step = await deleteImages(uid: uid, saga: &saga) { try await self.call(DeleteImage(path: path), to: self.configuration.imageRPC, uid: uid, retrying: true) }
+                step = await deleteImages(uid: uid, saga: &saga) { try await self.call(DeleteImage(path: path), to: self.configuration.imageRPC, uid: uid, retrying: true) }.next
             case .deleteStrayImages(let keep):
-                step = await deleteImages(uid: uid, saga: &saga) { try await self.call(DeleteAllImages(keep: keep), to: self.configuration.imageRPC, uid: uid, retrying: true) }
+                let outcome = await deleteImages(uid: uid, saga: &saga) { try await self.call(DeleteAllImages(keep: keep), to: self.configuration.imageRPC, uid: uid, retrying: true) }
+                step = outcome.next
+                if !outcome.removed { strayImagesLeft = true }
             case .succeed(let profile):
                 // The reply means `dismiss` is stored (and on its way).
                 try await sendAndWait([.profileCreated(uid: uid)])
-                await endSetUp(record)
+                // Strays that could not be removed keep the record: settling removes them later.
+                if !strayImagesLeft { await endSetUp(record) }
                 return ProfileResult(profile: profile)
             case .fail(let error, let settled):
                 if settled { await endSetUp(record) }
@@ -379,13 +400,13 @@ final class Engine: Sendable {
 
     private func deleteImages(
         uid: String, saga: inout ProfileSetupSaga, _ delete: @Sendable () async throws -> DeletedImages
-    ) async -> ProfileSetupSaga.Step {
+    ) async -> (next: ProfileSetupSaga.Step, removed: Bool) {
         do {
             _ = try await delete()
-            return saga.next(after: .imagesDeleted)
+            return (saga.next(after: .imagesDeleted), true)
         } catch {
             logger.error("could not remove the image(s) of \(uid)'s unfinished set-up: \(error); will try again")
-            return saga.next(after: .imageDeleteFailed(Self.serviceError(error)))
+            return (saga.next(after: .imageDeleteFailed(Self.serviceError(error))), false)
         }
     }
 

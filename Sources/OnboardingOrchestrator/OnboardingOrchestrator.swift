@@ -131,6 +131,8 @@ public struct OnboardingOrchestrator: Service {
         try await withThrowingDiscardingTaskGroup { group in
             // Decisions commit in batches on one loop; it outlives everything that feeds it.
             let decisions = Task { await engine.decide() }
+            // However this ends (a failure to start included), the decision loop ends with it.
+            defer { engine.finishDeciding() }
             group.addTask { await Self.perform(work, atMost: Self.maximumConcurrentWork) }
             try await engine.resumeUnfinishedWork()
             for (name, feed) in feeds {
@@ -146,27 +148,35 @@ public struct OnboardingOrchestrator: Service {
             try await server.run()
             workQueue.finish()
             group.cancelAll()
-            await engine.finishDeciding()
+            engine.finishDeciding()
             await decisions.value
         }
     }
 }
 
 extension OnboardingOrchestrator {
-    /// How many calls and timers run at once; more wait in the work queue (a burst of returning
-    /// sign-ins becomes a queue of checks, not thousands of calls at the profile store at once).
+    /// How many calls run at once; more wait in the work queue (a burst of returning sign-ins
+    /// becomes a queue of checks, not thousands of calls at the profile store at once). Timers
+    /// (waits before a retry) do not count: they hold no connection, and there is at most one
+    /// per person with work under way.
     static let maximumConcurrentWork = 512
 
     static func perform(_ work: AsyncStream<Work>, atMost limit: Int) async {
-        await withTaskGroup(of: Void.self) { workers in
-            var running = 0
-            for await job in work {
-                if running >= limit {
-                    await workers.next()
-                    running -= 1
+        await withDiscardingTaskGroup { timers in
+            await withTaskGroup(of: Void.self) { calls in
+                var running = 0
+                for await job in work {
+                    if job.isTimer {
+                        timers.addTask { await job.run() }
+                        continue
+                    }
+                    if running >= limit {
+                        await calls.next()
+                        running -= 1
+                    }
+                    calls.addTask { await job.run() }
+                    running += 1
                 }
-                workers.addTask { await job.run() }
-                running += 1
             }
         }
     }
@@ -174,5 +184,7 @@ extension OnboardingOrchestrator {
 
 /// A piece of asynchronous work the engine asked for (a call to another service, a timer).
 struct Work: Sendable {
+    /// A wait before a retry, rather than a call.
+    var isTimer = false
     let run: @Sendable () async -> Void
 }

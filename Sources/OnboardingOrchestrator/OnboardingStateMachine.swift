@@ -157,8 +157,10 @@ public struct OnboardingStateMachine: Sendable {
     }
 
     /// Puts a stored person back, and resumes the work they had under way: a profile check
-    /// (asked again) and the clean-up steps of a withdrawal.
+    /// (asked again) and the clean-up steps of a withdrawal. A person the machine already holds
+    /// is left as they are (memory is newer than the store).
     public mutating func restore(uid: String, _ stored: PersistedPerson) -> [Action] {
+        guard people[uid] == nil else { return [] }
         var person = Person(profile: stored.profile, withdrawn: stored.withdrawn)
         var actions: [Action] = []
         if stored.withdrawn {
@@ -290,10 +292,20 @@ public struct OnboardingStateMachine: Sendable {
         "The profile store did not answer; the check is being retried and its answer will arrive on your route topic.",
         reason: "profile")
 
-    /// Forgets people with nothing under way until a tenth of the capacity is free.
+    /// Forgets everyone, as after a failure to store what was decided: the orchestrator then
+    /// restores people from the store. Check numbers keep growing, so an answer to a check asked
+    /// before is never taken for one asked after.
+    public mutating func reset() {
+        people = [:]
+        changes = [:]
+        inputsSinceSweep = 0
+    }
+
+    /// Forgets people with nothing under way until a tenth of the capacity is free. People
+    /// changed since the last ``takeChanges()`` are kept: their state is not stored yet.
     private mutating func forgetIdlePeople() {
         let target = capacity - capacity / 10
-        for (uid, person) in people where person.check == nil && person.cleanup.isEmpty {
+        for (uid, person) in people where person.check == nil && person.cleanup.isEmpty && changes[uid] == nil {
             people[uid] = nil
             if people.count <= target { break }
         }

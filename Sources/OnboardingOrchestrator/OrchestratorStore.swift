@@ -37,11 +37,13 @@ enum OrchestratorStore {
                 table.primaryKey("publisher", .text)
                 table.column("sequence", .integer).notNull()
             }
+            // One row per set-up (a person may start another before an earlier one is settled).
             try db.create(table: "setup") { table in
-                table.primaryKey("uid", .text)
+                table.column("uid", .text).notNull()
                 table.column("idempotencyKey", .text).notNull()
                 table.column("username", .text).notNull()
                 table.column("startedAt", .text).notNull()
+                table.primaryKey(["uid", "idempotencyKey"])
             }
         }
         return migrator
@@ -176,7 +178,7 @@ enum OrchestratorStore {
         try db.execute(
             sql: """
                 INSERT INTO setup (uid, idempotencyKey, username, startedAt) VALUES (?, ?, ?, ?)
-                ON CONFLICT (uid) DO UPDATE SET idempotencyKey = excluded.idempotencyKey,
+                ON CONFLICT (uid, idempotencyKey) DO UPDATE SET
                     username = excluded.username, startedAt = excluded.startedAt
                 """,
             arguments: [setup.uid, setup.idempotencyKey, setup.username, Timestamp.now()])

@@ -9,9 +9,9 @@ import OnboardingAPI
 ///
 /// Both calls carry the set-up's idempotency key, so repeating either does the work once. When a
 /// call's outcome is unknown (it timed out), the saga looks at the profile before deciding: a
-/// profile with this username means the set-up went through; otherwise every image of the
-/// person except the one a profile points at is removed, since a person without a finished
-/// set-up has no other use for one.
+/// profile with this username means the set-up went through; either way every image of the
+/// person except the one the profile points at is removed (an upload that timed out may have
+/// stored one nobody points at), since the set-up is the only thing that uploads.
 public struct ProfileSetupSaga: Sendable {
     public enum Step: Sendable, Hashable {
         case uploadImage
@@ -43,6 +43,8 @@ public struct ProfileSetupSaga: Sendable {
     public let hasImage: Bool
     private(set) var imagePath: String?
     private var failure: ServiceError?
+    /// The profile found after an unknown outcome: the set-up succeeds once strays are removed.
+    private var found: Profile?
 
     public init(username: String, hasImage: Bool) {
         self.username = UsernameRules.normalized(username)
@@ -74,17 +76,21 @@ public struct ProfileSetupSaga: Sendable {
             failure = error
             if let imagePath { return .deleteImage(path: imagePath) }
             return .fail(error, settled: true)
-        case .lookedUp(let profile?) where profile.username == username:
+        case .lookedUp(let profile?) where profile.username == username && profile.imagePath == imagePath:
             return .succeed(profile)
         case .lookedUp(let profile):
+            if let profile, profile.username == username { found = profile }
             return .deleteStrayImages(keep: profile?.imagePath)
         case .lookUpFailed:
             // Whether the profile exists is unknown: keep the image rather than risk a profile
             // that points at nothing; the orchestrator settles it later.
             return .fail(reported, settled: false)
         case .imagesDeleted:
+            if let found { return .succeed(found) }
             return .fail(reported, settled: true)
         case .imageDeleteFailed:
+            // Strays stay on record and are removed later; a profile that exists is still a success.
+            if let found { return .succeed(found) }
             return .fail(reported, settled: false)
         }
     }

@@ -156,6 +156,15 @@ struct CallRetryingTests {
         #expect(elapsed >= .milliseconds(450), "\(elapsed)")
     }
 
+    @Test("an attempt that timed out leaves the outcome unknown, whatever later attempts were told")
+    func timeoutOutlivesLaterRefusals() async throws {
+        let (error, received) = try await withServer({ $0 == 1 ? .silence : .fail(.overloaded) }) {
+            await #expect(throws: ServiceError.self) { try await call(timeout: .milliseconds(200), deadline: .seconds(1)) }
+        }
+        #expect(error?.code == .timeout, "the first attempt may have been carried out")
+        #expect(received.count >= 1)
+    }
+
     @Test("nothing listening: noResponder once the deadline has passed")
     func nobodyListens() async throws {
         let error = await #expect(throws: ServiceError.self) { try await call(deadline: .milliseconds(200)) }

@@ -137,7 +137,10 @@ struct OnboardingStateMachineTests {
         var machine = Machine(capacity: 10)
         let busy = "busy-person"
         _ = machine.handle(.signedIn(uid: busy, isNewAccount: false))
-        for index in 0..<100 { _ = machine.handle(.signedIn(uid: "new-\(index)", isNewAccount: true)) }
+        for index in 0..<100 {
+            _ = machine.handle(.signedIn(uid: "new-\(index)", isNewAccount: true))
+            _ = machine.takeChanges()  // stored, as the orchestrator does after each batch
+        }
         #expect(machine.trackedPeople <= 10)
         #expect(machine.people[busy]?.check != nil, "a pending check is never forgotten")
     }
@@ -151,6 +154,7 @@ struct OnboardingStateMachineTests {
         // Finishing the checks makes them idle; the next sweep brings the table back down.
         for index in 0..<20_000 {
             _ = machine.handle(.profileChecked(uid: "busy-\(index)", check: Machine.CheckID(index + 1), exists: true))
+            _ = machine.takeChanges()
         }
         #expect(machine.trackedPeople <= 1_000)
     }
@@ -215,6 +219,35 @@ struct OnboardingStateMachineTests {
         #expect(machine.handle(.profileCreated(uid: uid))
             == [.cleanUp(uid: uid, step: .deleteProfile), .cleanUp(uid: uid, step: .deleteImages)])
         #expect(machine.handle(.profileCreated(uid: uid)).isEmpty, "clean-up already under way")
+    }
+
+    @Test("people changed since the last stored batch are never forgotten, so a reload is never stale")
+    func unstoredChangesAreKept() {
+        var machine = Machine(capacity: 10)
+        for index in 0..<100 { _ = machine.handle(.signedIn(uid: "new-\(index)", isNewAccount: true)) }
+        #expect(machine.trackedPeople == 100)
+        #expect(machine.takeChanges().count == 100)
+        _ = machine.handle(.signedIn(uid: "one-more", isNewAccount: true))
+        #expect(machine.trackedPeople <= 10)
+    }
+
+    @Test("after a reset, check numbers keep growing: a stale answer cannot pass for a new one")
+    func resetKeepsCheckNumbers() {
+        var machine = Machine()
+        let first = signIn(&machine)
+        machine.reset()
+        #expect(machine.trackedPeople == 0)
+        let second = signIn(&machine)
+        #expect(second > first)
+        #expect(machine.handle(.profileChecked(uid: uid, check: first, exists: false)).isEmpty)
+    }
+
+    @Test("restoring a person the machine holds changes nothing: memory is newer than the store")
+    func restoreKeepsMemory() {
+        var machine = Machine()
+        _ = machine.handle(.profileCreated(uid: uid))
+        #expect(machine.restore(uid: uid, .init(profile: .absent, pendingCheck: .signedIn)).isEmpty)
+        #expect(machine.profileKnowledge(of: uid) == .present)
     }
 
     @Test("what is stored of a person restores it after a restart, resuming its work")
@@ -323,6 +356,18 @@ struct ProfileSetupSagaTests {
         _ = unknown.next(after: .uploaded(path: "u/a.png"))
         _ = unknown.next(after: .createFailed(slow))
         #expect(unknown.next(after: .lookUpFailed(slow)) == .fail(slow, settled: false), "unknown: keep it on record")
+    }
+
+    @Test("a set-up found done after a timeout succeeds once images nobody points at are removed")
+    func foundAfterTimeout() {
+        var saga = ProfileSetupSaga(username: "mina", hasImage: true)
+        _ = saga.start()
+        _ = saga.next(after: .uploaded(path: "u/new.png"))
+        #expect(saga.next(after: .createFailed(slow)) == .lookUpProfile)
+        // An earlier set-up of the same name made the profile, with another image.
+        let earlier = Profile(uid: "u", username: "mina", imagePath: "u/old.png", createdAt: "t", updatedAt: "t")
+        #expect(saga.next(after: .lookedUp(earlier)) == .deleteStrayImages(keep: "u/old.png"))
+        #expect(saga.next(after: .imagesDeleted) == .succeed(earlier))
     }
 
     @Test("an upload that timed out may have stored the image: strays are removed, the profile's image kept")
