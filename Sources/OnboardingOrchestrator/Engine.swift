@@ -56,9 +56,9 @@ final class Engine: Sendable {
     }
 
     /// Queues `inputs` and waits until they have committed.
-    func sendAndWait(_ inputs: [OnboardingStateMachine.Input], cursor: (String, UInt64)? = nil) async throws {
+    func sendAndWait(_ inputs: [OnboardingStateMachine.Input]) async throws {
         try await withCheckedThrowingContinuation { continuation in
-            queue.submit(DecisionQueue.Submission(inputs: inputs, cursor: cursor, committed: continuation))
+            queue.submit(DecisionQueue.Submission(inputs: inputs, committed: continuation))
         }
     }
 
