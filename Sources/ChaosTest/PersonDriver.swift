@@ -217,9 +217,8 @@ struct PersonDriver: Sendable {
         }
     }
 
-    /// Signs out or withdraws. A resend after a timeout may find the session already ended by
-    /// the first attempt (`unauthenticated`); auth being made retry-safe answers it the same
-    /// as the first, and until then that answer counts as done (the stores are checked at the end).
+    /// Signs out or withdraws. auth answers a resend as it answered the first attempt (it keeps
+    /// ended sessions for 24 hours), so `unauthenticated` after a resend is a wrong answer.
     private func end<Request: APIRequest>(
         _ request: Request, token: String, deadline: ContinuousClock.Instant, outcome: inout PersonOutcome
     ) async throws {
@@ -227,7 +226,8 @@ struct PersonDriver: Sendable {
         do {
             _ = try await caller.call(request, to: endpoints.authRPC, sessionToken: token, until: deadline, log: &log)
         } catch let error as ServiceError where error.code == .unauthenticated && log.mayHaveActedBefore {
-            outcome.notes.append("a resent \(Request.type) was answered unauthenticated: the first attempt had acted")
+            outcome.problems.append(Finding(
+                .wrongAnswer, "a resent \(Request.type) was answered unauthenticated, not as the first attempt"))
         }
         outcome.resends += log.failures.count
     }
