@@ -182,7 +182,16 @@ public struct GetProfile: APIRequest {
 
 public struct ProfileResult: Codable, Sendable, Hashable {
     public var profile: Profile?
-    public init(profile: Profile?) { self.profile = profile }
+    /// How new the answer is, on the profile store's event sequence: every change to this
+    /// person's profile that the store recorded up to this `profile.*` event sequence number is
+    /// reflected in it. Compare it with the `sequence` of `profile.*` events to tell which of an
+    /// answer and an event is newer. Absent only from a store that does not number its answers.
+    public var asOfSequence: UInt64?
+
+    public init(profile: Profile?, asOfSequence: UInt64? = nil) {
+        self.profile = profile
+        self.asOfSequence = asOfSequence
+    }
 }
 
 /// `profile.create`: the person's first profile (onboarding).

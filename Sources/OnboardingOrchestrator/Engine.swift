@@ -74,10 +74,16 @@ final class Engine: Sendable {
                     inputs.append(.signedIn(uid: signedIn.uid, isNewAccount: signedIn.isNewAccount))
                 case SignedOut.type: inputs.append(.signedOut(uid: try event.payload(as: SignedOut.self).uid))
                 case Withdrawn.type: inputs.append(.withdrawn(uid: try event.payload(as: Withdrawn.self).uid))
-                case ProfileCreated.type: inputs.append(.profileCreated(uid: try event.payload(as: ProfileCreated.self).profile.uid))
+                // Profile events are ordered by their own sequence, not by when they arrive.
+                case ProfileCreated.type:
+                    let uid = try event.payload(as: ProfileCreated.self).profile.uid
+                    inputs.append(.profileCreated(uid: uid, asOf: event.header.sequence))
+                case ProfileUpdated.type:
+                    let uid = try event.payload(as: ProfileUpdated.self).profile.uid
+                    inputs.append(.profileUpdated(uid: uid, asOf: event.header.sequence))
                 case ProfileDeleted.type:
                     let deleted = try event.payload(as: ProfileDeleted.self)
-                    inputs.append(.profileDeleted(uid: deleted.uid, reason: deleted.reason))
+                    inputs.append(.profileDeleted(uid: deleted.uid, reason: deleted.reason, asOf: event.header.sequence))
                 default: break
                 }
             } catch {
@@ -153,8 +159,8 @@ final class Engine: Sendable {
                     later += machine.restore(uid: input.uid, stored)
                 }
                 for action in machine.handle(input) {
-                    if case .emit(let kind, let uid, let reason) = action {
-                        try emit(kind, uid: uid, reason: reason, in: db)
+                    if case .emit(let intent) = action {
+                        try emit(intent, in: db)
                     } else {
                         later.append(action)
                     }
@@ -172,11 +178,10 @@ final class Engine: Sendable {
 
     /// Records a route intent as the one in force and in the route outbox, which publishes it
     /// once the transaction commits.
-    private func emit(_ kind: RouteIntent.Kind, uid: String, reason: RouteIntent.Reason, in db: Database) throws {
-        let intent = RouteIntent(intentId: UUID().uuidString.lowercased(), uid: uid, intent: kind, reason: reason)
-        let sequence = try outbox.append(intent, uid: uid, topic: Topics.route(uid: uid), in: db)
+    private func emit(_ intent: RouteIntent, in db: Database) throws {
+        let sequence = try outbox.append(intent, uid: intent.uid, topic: Topics.route(uid: intent.uid), in: db)
         try OrchestratorStore.recordIntent(intent, sequence: sequence, time: Timestamp.now(), in: db)
-        logger.debug("\(kind.rawValue) → \(uid) (\(reason.rawValue))")
+        logger.debug("\(intent.intent.rawValue) → \(intent.uid) (\(intent.reason.rawValue), \(intent.intentId))")
     }
 
     /// Puts back everyone with work under way (checks, clean-ups) and resumes it.
@@ -199,7 +204,7 @@ final class Engine: Sendable {
             enqueue { engine in
                 do {
                     let result = try await engine.call(GetProfile(), to: engine.configuration.profileRPC, uid: uid)
-                    engine.send(.profileChecked(uid: uid, check: check, exists: result.profile != nil))
+                    engine.send(.profileChecked(uid: uid, check: check, exists: result.profile != nil, asOf: result.asOfSequence ?? 0))
                 } catch {
                     engine.send(.profileCheckFailed(uid: uid, check: check, error: Self.serviceError(error)))
                 }
@@ -210,9 +215,9 @@ final class Engine: Sendable {
                 guard (try? await Task.sleep(for: delay)) != nil else { return }
                 engine.send(.checkRetryDue(uid: uid, check: check))
             }
-        case .emit(let kind, let uid, _):
+        case .emit(let intent):
             // Emitted inside the transaction (see `apply`); never reaches here.
-            logger.error("an intent \(kind.rawValue) for \(uid) was not stored")
+            logger.error("an intent \(intent.intent.rawValue) for \(intent.uid) was not stored")
         case .answer(let waiter, let status):
             resume(waiter, with: .success(status))
         case .answerFailure(let waiter, let error):
@@ -348,6 +353,8 @@ final class Engine: Sendable {
         try await withStore(database, logger: logger) { try OrchestratorStore.beginSetup(record, in: $0) }
         var service = ServiceName.profile
         var strayImagesLeft = false
+        /// How new the profile store's last answer about the profile was.
+        var asOf: UInt64 = 0
         while true {
             switch step {
             case .uploadImage:
@@ -369,13 +376,16 @@ final class Engine: Sendable {
                     guard let profile = created.profile else {
                         throw ServiceError(.invalidMessage, "profile.create answered without a profile.")
                     }
+                    asOf = created.asOfSequence ?? 0
                     step = saga.next(after: .created(profile))
                 } catch {
                     step = saga.next(after: .createFailed(Self.serviceError(error)))
                 }
             case .lookUpProfile:
                 do {
-                    step = saga.next(after: .lookedUp(try await call(GetProfile(), to: configuration.profileRPC, uid: uid, retrying: true).profile))
+                    let found = try await call(GetProfile(), to: configuration.profileRPC, uid: uid, retrying: true)
+                    asOf = found.asOfSequence ?? 0
+                    step = saga.next(after: .lookedUp(found.profile))
                 } catch {
                     step = saga.next(after: .lookUpFailed(Self.serviceError(error)))
                 }
@@ -386,11 +396,11 @@ final class Engine: Sendable {
                 step = outcome.next
                 if !outcome.removed { strayImagesLeft = true }
             case .succeed(let profile):
-                // The reply means `dismiss` is stored (and on its way).
-                try await sendAndWait([.profileCreated(uid: uid)])
+                // The reply means `dismiss` is stored (and on its way), or was already.
+                try await sendAndWait([.profileCreated(uid: uid, asOf: asOf)])
                 // Strays that could not be removed keep the record: settling removes them later.
                 if !strayImagesLeft { await endSetUp(record) }
-                return ProfileResult(profile: profile)
+                return ProfileResult(profile: profile, asOfSequence: asOf)
             case .fail(let error, let settled):
                 if settled { await endSetUp(record) }
                 throw Self.dependencyError(error, service: service)
@@ -432,9 +442,10 @@ final class Engine: Sendable {
             for record in unfinished where claimSetUp(record.uid) {
                 defer { releaseSetUp(record.uid) }
                 do {
-                    let profile = try await call(GetProfile(), to: configuration.profileRPC, uid: record.uid).profile
+                    let found = try await call(GetProfile(), to: configuration.profileRPC, uid: record.uid)
+                    let profile = found.profile
                     if let profile, profile.username == record.username {
-                        try await sendAndWait([.profileCreated(uid: record.uid)])
+                        try await sendAndWait([.profileCreated(uid: record.uid, asOf: found.asOfSequence ?? 0)])
                     }
                     _ = try await call(DeleteAllImages(keep: profile?.imagePath), to: configuration.imageRPC, uid: record.uid)
                     await endSetUp(record)

@@ -1,23 +1,41 @@
+import Foundation
 import Messaging
 import OnboardingAPI
 
 /// The orchestrator's decisions, as a value: feed it what happened, get back what to do.
 ///
 /// It never performs I/O; ``OnboardingOrchestrator`` carries out the actions and feeds their
-/// outcomes back in. Its rules come from `shared/domain.md`:
-/// - signed in, or "check me now": ask the profile store; no profile → `presentProfileSetup`;
-///   a profile → nothing. A failed check is retried with backoff and never decides on a guess.
-///   A *new* account needs no question: its uid was minted by this very sign-in, so no profile
-///   can exist for it yet, and `presentProfileSetup` goes out at once (the hot path of sign-up).
-/// - profile created → `dismiss` (once, however many times it is reported); profile deleted
-///   while the account stays → `presentProfileSetup`.
-/// - signed out → forget what is known of the profile and clear the cached copy; withdrawn →
-///   delete the profile and every image, retrying each until it is done. A withdrawn person is
-///   remembered (uids are never reused): a profile that a set-up racing the withdrawal creates
-///   afterwards is cleaned up too, and nothing is ever emitted to them again.
+/// outcomes back in. Its rules come from `shared/domain.md`.
 ///
-/// A check's answer that arrives after a profile event has overtaken it is ignored, so a stale
-/// "no profile" can never follow a `dismiss`.
+/// **Decisions follow from state, not from the order news arrives.** Every input is only
+/// information: a sign-in or sign-out, a check's answer, a profile event, a set-up's own result.
+/// After each one the machine derives the intent that should be in force and emits one only
+/// when that differs from the intent in force:
+/// - the person is signed in (auth reported more sign-ins than sign-outs) and the newest known
+///   profile state is "none" → `presentProfileSetup`;
+/// - a profile exists, and the person was asked to set one up since they last had one
+///   (``Person/owesDismiss``) → `dismiss`;
+/// - otherwise the intent in force stays as it is.
+///
+/// Profile information is ordered by the profile store's own event sequence, never by arrival:
+/// each fact carries the sequence it is as new as (an event's `sequence`, a reply's
+/// ``ProfileResult/asOfSequence``), and a fact older than what is known is ignored. So a stale
+/// "no profile" can never undo a newer "created", a late "created" is recognised as old, and
+/// answers, events and a set-up's result may arrive late, twice or in any order.
+///
+/// Other rules:
+/// - signed in, or "check me now": ask the profile store. A failed check is retried with
+///   backoff and never decides on a guess. A *new* account needs no question: its uid was minted
+///   by this very sign-in, so "no profile" is known (as of sequence 0, older than any event).
+/// - a check that confirms the intent in force publishes it again with the same `intentId`
+///   (the app that asked sees it; one that already acted on it can tell it is a repeat).
+/// - signed out → the profile cache is cleared. When that was the person's last session, what
+///   was known of the profile is forgotten (its sequence is kept, so older news stays old) and
+///   nothing is in force until the next decision, which therefore goes out with a new
+///   `intentId`. Sessions are counted from auth's events, which arrive in auth's order.
+/// - withdrawn → delete the profile and every image, retrying each until it is done. A
+///   withdrawn person is remembered (uids are never reused): a profile that a set-up racing the
+///   withdrawal creates afterwards is cleaned up too, and nothing is ever emitted to them again.
 ///
 /// **Durability.** What must outlive a crash is ``PersistedPerson``: the machine records the
 /// state of every person an input touched, and the orchestrator takes those records with
@@ -33,11 +51,16 @@ public struct OnboardingStateMachine: Sendable {
         case signedIn(uid: String, isNewAccount: Bool)
         /// "Check me now"; `waiter` is answered with the decision.
         case checkRequested(uid: String, waiter: WaiterID)
-        case profileChecked(uid: String, check: CheckID, exists: Bool)
+        /// The profile store's answer to check `check`, as new as its sequence `asOf`.
+        case profileChecked(uid: String, check: CheckID, exists: Bool, asOf: UInt64)
         case profileCheckFailed(uid: String, check: CheckID, error: ServiceError)
         case checkRetryDue(uid: String, check: CheckID)
-        case profileCreated(uid: String)
-        case profileDeleted(uid: String, reason: DeletionReason)
+        /// A profile exists as of sequence `asOf`: a `profile.created` event, or a set-up's own result.
+        case profileCreated(uid: String, asOf: UInt64)
+        /// A `profile.updated` event: a profile exists as of sequence `asOf`.
+        case profileUpdated(uid: String, asOf: UInt64)
+        /// A `profile.deleted` event with its sequence.
+        case profileDeleted(uid: String, reason: DeletionReason, asOf: UInt64)
         case signedOut(uid: String)
         case withdrawn(uid: String)
         case cleanupFinished(uid: String, step: CleanupStep)
@@ -52,8 +75,9 @@ public struct OnboardingStateMachine: Sendable {
         case checkProfile(uid: String, check: CheckID)
         /// Feed `checkRetryDue` back after `delay`.
         case retryCheck(uid: String, check: CheckID, delay: Duration, attempt: Int, error: ServiceError)
-        /// Publish a route intent to `uid`.
-        case emit(RouteIntent.Kind, uid: String, reason: RouteIntent.Reason)
+        /// Publish a route intent (new, or the one in force again with its own `intentId`) and
+        /// record it as the one in force.
+        case emit(RouteIntent)
         case answer(waiter: WaiterID, OnboardingStatus)
         case answerFailure(waiter: WaiterID, ServiceError)
         /// Tell the profile store to forget its cached copy of `uid`'s profile.
@@ -87,16 +111,30 @@ public struct OnboardingStateMachine: Sendable {
 
     struct Person: Sendable, Hashable {
         var profile: ProfileKnowledge = .unknown
+        /// The profile store's sequence that what is known is as new as; facts older than it
+        /// are ignored. Kept when the knowledge itself is forgotten (sign-out).
+        var profileAsOf: UInt64 = 0
+        /// Sign-ins minus sign-outs, as auth reported them.
+        var sessions = 0
+        /// The intent in force: the last one emitted, unless a sign-out or withdrawal ended it.
+        var intent: RouteIntent?
+        /// `presentProfileSetup` went out and no `dismiss` since: a profile that appears is
+        /// answered with `dismiss`, even after a sign-out (another device may still show the sheet).
+        var owesDismiss = false
         var check: PendingCheck?
         var withdrawn = false
         /// Clean-up steps still to finish after a withdrawal, with their attempts so far.
         var cleanup: [CleanupStep: Int] = [:]
     }
 
-    /// What the orchestrator stores of a person: enough to resume their unfinished work and to
-    /// never emit a second `dismiss` for one profile.
+    /// What the orchestrator stores of a person: enough to resume their unfinished work, to
+    /// answer `onboarding.intent`, and to never repeat a decision with a new `intentId`.
     public struct PersistedPerson: Sendable, Hashable {
         public var profile: ProfileKnowledge
+        public var profileAsOf: UInt64
+        public var sessions: Int
+        public var intent: RouteIntent?
+        public var owesDismiss: Bool
         /// Why a profile check is under way, when one is.
         public var pendingCheck: RouteIntent.Reason?
         public var withdrawn: Bool
@@ -104,10 +142,15 @@ public struct OnboardingStateMachine: Sendable {
         public var cleanup: Set<CleanupStep>
 
         public init(
-            profile: ProfileKnowledge = .unknown, pendingCheck: RouteIntent.Reason? = nil, withdrawn: Bool = false,
+            profile: ProfileKnowledge = .unknown, profileAsOf: UInt64 = 0, sessions: Int = 0, intent: RouteIntent? = nil,
+            owesDismiss: Bool = false, pendingCheck: RouteIntent.Reason? = nil, withdrawn: Bool = false,
             cleanup: Set<CleanupStep> = []
         ) {
             self.profile = profile
+            self.profileAsOf = profileAsOf
+            self.sessions = sessions
+            self.intent = intent
+            self.owesDismiss = owesDismiss
             self.pendingCheck = pendingCheck
             self.withdrawn = withdrawn
             self.cleanup = cleanup
@@ -115,15 +158,18 @@ public struct OnboardingStateMachine: Sendable {
 
         init(_ person: Person) {
             self.init(
-                profile: person.profile, pendingCheck: person.check?.reason, withdrawn: person.withdrawn,
+                profile: person.profile, profileAsOf: person.profileAsOf, sessions: person.sessions, intent: person.intent,
+                owesDismiss: person.owesDismiss, pendingCheck: person.check?.reason, withdrawn: person.withdrawn,
                 cleanup: Set(person.cleanup.keys))
         }
     }
 
     public var retryPolicy: RetryPolicy
     /// How many people the machine keeps state for. Past it, people with nothing under way are
-    /// forgotten (what is known of their profile is asked again when needed).
+    /// forgotten (they are restored from the store when needed).
     public var capacity: Int
+    /// Mints the `intentId` of each new decision.
+    private let newIntentID: @Sendable () -> String
     private(set) var people: [String: Person] = [:]
     private var nextCheckID: CheckID = 0
     /// Inputs since the last sweep: over capacity, a sweep runs once per tenth of the capacity
@@ -133,14 +179,25 @@ public struct OnboardingStateMachine: Sendable {
     /// The state of every person touched since the last ``takeChanges()``.
     private var changes: [String: PersistedPerson] = [:]
 
-    public init(retryPolicy: RetryPolicy = RetryPolicy(), capacity: Int = 100_000) {
+    /// - Parameter newIntentID: mints the `intentId` of each new decision (by default a
+    ///   lowercased UUID).
+    public init(
+        retryPolicy: RetryPolicy = RetryPolicy(), capacity: Int = 100_000,
+        newIntentID: @escaping @Sendable () -> String = { UUID().uuidString.lowercased() }
+    ) {
         self.retryPolicy = retryPolicy
         self.capacity = max(1, capacity)
+        self.newIntentID = newIntentID
     }
 
     /// What is known of `uid`'s profile.
     public func profileKnowledge(of uid: String) -> ProfileKnowledge {
         people[uid]?.profile ?? .unknown
+    }
+
+    /// The intent in force for `uid`, if the machine holds them.
+    public func intentInForce(of uid: String) -> RouteIntent? {
+        people[uid]?.intent
     }
 
     /// How many people the machine holds state for.
@@ -161,7 +218,9 @@ public struct OnboardingStateMachine: Sendable {
     /// is left as they are (memory is newer than the store).
     public mutating func restore(uid: String, _ stored: PersistedPerson) -> [Action] {
         guard people[uid] == nil else { return [] }
-        var person = Person(profile: stored.profile, withdrawn: stored.withdrawn)
+        var person = Person(
+            profile: stored.profile, profileAsOf: stored.profileAsOf, sessions: stored.sessions, intent: stored.intent,
+            owesDismiss: stored.owesDismiss, withdrawn: stored.withdrawn)
         var actions: [Action] = []
         if stored.withdrawn {
             person.cleanup = Dictionary(uniqueKeysWithValues: stored.cleanup.map { ($0, 0) })
@@ -183,24 +242,37 @@ public struct OnboardingStateMachine: Sendable {
         }
         switch input {
         case .signedIn(let uid, let isNewAccount):
-            if isNewAccount, people[uid] == nil {
-                people[uid] = Person(profile: .absent)
-                return [.emit(.presentProfileSetup, uid: uid, reason: .signedIn)]
-            }
-            return startCheck(uid: uid, reason: .signedIn, waiter: nil)
+            var person = people[uid] ?? Person()
+            guard !person.withdrawn else { return [] }
+            person.sessions += 1
+            people[uid] = person
+            guard isNewAccount else { return startCheck(uid: uid, reason: .signedIn, waiter: nil) }
+            // Its uid was minted by this sign-in: no profile can exist, as of before any event.
+            learn(uid, exists: false, asOf: 0)
+            return decide(uid, reason: .signedIn)
 
         case .checkRequested(let uid, let waiter):
             return startCheck(uid: uid, reason: .checkRequested, waiter: waiter)
 
-        case .profileChecked(let uid, let check, let exists):
-            guard var person = people[uid], let pending = person.check, pending.id == check else { return [] }
+        case .profileChecked(let uid, let check, let exists, let asOf):
+            learn(uid, exists: exists, asOf: asOf)
+            guard var person = people[uid], let pending = person.check, pending.id == check else {
+                // An answer to a check no longer asked is still information.
+                return decide(uid, reason: .checkRequested)
+            }
             person.check = nil
-            person.profile = exists ? .present : .absent
             people[uid] = person
-            let status = OnboardingStatus(uid: uid, hasProfile: exists, intent: exists ? nil : .presentProfileSetup)
-            var actions: [Action] = exists ? [] : [.emit(.presentProfileSetup, uid: uid, reason: pending.reason)]
-            actions += pending.waiters.map { .answer(waiter: $0, status) }
-            return actions
+            var actions = decide(uid, reason: pending.reason)
+            if actions.isEmpty, person.profile == .absent, let repeated = person.intent,
+                repeated.intent == .presentProfileSetup
+            {
+                // The check confirms the intent in force: the asker gets it again, same id.
+                actions.append(.emit(repeated))
+            }
+            // The newest knowledge, which a stale answer does not change.
+            let hasProfile = person.profile == .unknown ? exists : person.profile == .present
+            let status = OnboardingStatus(uid: uid, hasProfile: hasProfile, intent: hasProfile ? nil : .presentProfileSetup)
+            return actions + pending.waiters.map { .answer(waiter: $0, status) }
 
         case .profileCheckFailed(let uid, let check, let error):
             guard var person = people[uid], var pending = person.check, pending.id == check else { return [] }
@@ -220,42 +292,42 @@ public struct OnboardingStateMachine: Sendable {
             people[uid] = person
             return [.checkProfile(uid: uid, check: check)]
 
-        case .profileCreated(let uid):
-            var person = people[uid] ?? Person()
-            if person.withdrawn {
+        case .profileCreated(let uid, let asOf), .profileUpdated(let uid, let asOf):
+            if var person = people[uid], person.withdrawn {
                 // A set-up that raced the withdrawal created it after the clean-up: clean up again.
+                guard asOf > person.profileAsOf else { return [] }
+                person.profileAsOf = asOf
                 let steps = CleanupStep.allCases.filter { person.cleanup[$0] == nil }
                 for step in steps { person.cleanup[step] = 0 }
                 people[uid] = person
                 return steps.map { .cleanUp(uid: uid, step: $0) }
             }
-            let wasPresent = person.profile == .present
-            let waiters = person.check?.waiters ?? []
-            person.profile = .present
-            person.check = nil
-            people[uid] = person
-            let status = OnboardingStatus(uid: uid, hasProfile: true, intent: nil)
-            return (wasPresent ? [] : [.emit(.dismiss, uid: uid, reason: .profileCreated)])
-                + waiters.map { .answer(waiter: $0, status) }
+            learn(uid, exists: true, asOf: asOf)
+            return decide(uid, reason: .profileCreated)
 
-        case .profileDeleted(let uid, let reason):
-            guard reason == .request, var person = people[uid] ?? Person?.some(Person()), !person.withdrawn else {
+        case .profileDeleted(let uid, let reason, let asOf):
+            if var person = people[uid], person.withdrawn {
+                // The clean-up's own deletion: a profile event older than it is old news.
+                person.profileAsOf = max(person.profileAsOf, asOf)
+                people[uid] = person
                 return []
             }
-            let waiters = person.check?.waiters ?? []
-            person.profile = .absent
-            person.check = nil
-            people[uid] = person
-            let status = OnboardingStatus(uid: uid, hasProfile: false, intent: .presentProfileSetup)
-            return [.emit(.presentProfileSetup, uid: uid, reason: .profileDeleted)]
-                + waiters.map { .answer(waiter: $0, status) }
+            // A deletion by a withdrawal is the withdrawal's business: nothing to decide.
+            guard reason == .request else { return [] }
+            learn(uid, exists: false, asOf: asOf)
+            return decide(uid, reason: .profileDeleted)
 
         case .signedOut(let uid):
-            // Forget what was known, as the cache does; the next sign-in asks again. A check
-            // under way goes on: its callers were signed in when they asked (perhaps with another
-            // session of the same person, signed in again before this event arrived).
-            if var person = people[uid], !person.withdrawn, person.check == nil {
-                person.profile = .unknown
+            // After the last session, forget what was known, as the cache does: the next sign-in
+            // asks again and its decision is a new one. A check under way goes on: its callers
+            // were signed in when they asked.
+            var person = people[uid] ?? Person()
+            if !person.withdrawn {
+                person.sessions = max(0, person.sessions - 1)
+                if person.sessions == 0 {
+                    person.profile = .unknown
+                    person.intent = nil
+                }
                 people[uid] = person
             }
             return [.evictProfileCache(uid: uid)]
@@ -263,7 +335,8 @@ public struct OnboardingStateMachine: Sendable {
         case .withdrawn(let uid):
             let person = people[uid]
             guard person?.withdrawn != true else { return [] }
-            people[uid] = Person(profile: .unknown, check: nil, withdrawn: true, cleanup: [.deleteProfile: 0, .deleteImages: 0])
+            people[uid] = Person(
+                profileAsOf: person?.profileAsOf ?? 0, withdrawn: true, cleanup: [.deleteProfile: 0, .deleteImages: 0])
             let failure = ServiceError(.unauthenticated, "This account has been withdrawn.")
             return (person?.check?.waiters ?? []).map { .answerFailure(waiter: $0, failure) }
                 + CleanupStep.allCases.map { .cleanUp(uid: uid, step: $0) }
@@ -286,6 +359,16 @@ public struct OnboardingStateMachine: Sendable {
         }
     }
 
+    /// The intent that should be in force for `person`, from what is known.
+    static func derivedIntent(of person: Person) -> RouteIntent.Kind? {
+        if person.withdrawn { return nil }
+        switch person.profile {
+        case .absent where person.sessions > 0: return .presentProfileSetup
+        case .present where person.owesDismiss: return .dismiss
+        case .absent, .present, .unknown: return person.intent?.intent
+        }
+    }
+
     /// What a caller is told while the profile store cannot be asked.
     static let checkFailing = ServiceError(
         .dependencyUnavailable,
@@ -299,6 +382,28 @@ public struct OnboardingStateMachine: Sendable {
         people = [:]
         changes = [:]
         inputsSinceSweep = 0
+    }
+
+    /// Takes in a fact about `uid`'s profile unless something newer is known.
+    private mutating func learn(_ uid: String, exists: Bool, asOf: UInt64) {
+        var person = people[uid] ?? Person()
+        guard !person.withdrawn, asOf >= person.profileAsOf else { return }
+        person.profile = exists ? .present : .absent
+        person.profileAsOf = asOf
+        people[uid] = person
+    }
+
+    /// Emits the derived intent when it differs from the one in force, for `reason`.
+    private mutating func decide(_ uid: String, reason: RouteIntent.Reason) -> [Action] {
+        guard var person = people[uid], let kind = Self.derivedIntent(of: person), kind != person.intent?.intent else {
+            return []
+        }
+        let intent = RouteIntent(
+            intentId: newIntentID(), uid: uid, intent: kind, reason: kind == .dismiss ? .profileCreated : reason)
+        person.intent = intent
+        person.owesDismiss = kind == .presentProfileSetup
+        people[uid] = person
+        return [.emit(intent)]
     }
 
     /// Forgets people with nothing under way until a tenth of the capacity is free. People
@@ -342,12 +447,11 @@ extension OnboardingStateMachine.Input {
     /// The person the input is about.
     public var uid: String {
         switch self {
-        case .signedIn(let uid, _), .checkRequested(let uid, _), .profileChecked(let uid, _, _),
-            .profileCheckFailed(let uid, _, _), .checkRetryDue(let uid, _), .profileCreated(let uid),
-            .profileDeleted(let uid, _), .signedOut(let uid), .withdrawn(let uid), .cleanupFinished(let uid, _),
-            .cleanupFailed(let uid, _, _), .cleanupRetryDue(let uid, _):
+        case .signedIn(let uid, _), .checkRequested(let uid, _), .profileChecked(let uid, _, _, _),
+            .profileCheckFailed(let uid, _, _), .checkRetryDue(let uid, _), .profileCreated(let uid, _),
+            .profileUpdated(let uid, _), .profileDeleted(let uid, _, _), .signedOut(let uid), .withdrawn(let uid),
+            .cleanupFinished(let uid, _), .cleanupFailed(let uid, _, _), .cleanupRetryDue(let uid, _):
             return uid
         }
     }
 }
-

@@ -6,8 +6,9 @@ import ServiceRuntime
 
 /// The orchestrator's SQLite tables, and the reads and writes it makes of them.
 ///
-/// - `person`: per uid, what ``OnboardingStateMachine/PersistedPerson`` holds, plus the route
-///   intent in force (what `onboarding.intent` answers).
+/// - `person`: per uid, what ``OnboardingStateMachine/PersistedPerson`` holds (the intent in
+///   force among it, which `onboarding.intent` answers), and the route sequence and time the
+///   intent in force was last published with.
 /// - `outbox`: every route intent emitted, with its route sequence number (see ``Outbox``).
 /// - `cursor`: per publisher, the sequence of the last event handled, written in the same
 ///   transaction as that event's effects, so an event is handled once however often it arrives.
@@ -46,6 +47,18 @@ enum OrchestratorStore {
                 table.primaryKey(["uid", "idempotencyKey"])
             }
         }
+        // Decisions derived from state: how new the profile knowledge is, and whether a
+        // `dismiss` is owed (a `presentProfileSetup` is in force or was, since the last profile).
+        migrator.registerMigration("orchestrator-v2-derived") { db in
+            try db.alter(table: "person") { table in
+                table.add(column: "profileAsOf", .integer).notNull().defaults(to: 0)
+                table.add(column: "owesDismiss", .boolean).notNull().defaults(to: false)
+                table.add(column: "sessions", .integer).notNull().defaults(to: 0)
+            }
+            try db.execute(sql: "UPDATE person SET owesDismiss = 1 WHERE intent = 'presentProfileSetup'")
+            // Sessions were not counted before: someone with an intent in force is taken as signed in.
+            try db.execute(sql: "UPDATE person SET sessions = 1 WHERE intent IS NOT NULL AND NOT withdrawn")
+        }
         return migrator
     }
 
@@ -61,10 +74,13 @@ enum OrchestratorStore {
 
     // MARK: People
 
+    /// The columns ``persisted(_:)`` reads.
+    private static let personColumns =
+        "uid, profile, profileAsOf, sessions, owesDismiss, pendingCheck, withdrawn, cleanup, intentId, intent, reason"
+
     static func person(_ uid: String, in db: Database) throws -> OnboardingStateMachine.PersistedPerson? {
         guard let row = try Row.fetchOne(
-            db.cachedStatement(sql: "SELECT profile, pendingCheck, withdrawn, cleanup FROM person WHERE uid = ?"),
-            arguments: [uid])
+            db.cachedStatement(sql: "SELECT \(personColumns) FROM person WHERE uid = ?"), arguments: [uid])
         else { return nil }
         return persisted(row)
     }
@@ -72,7 +88,7 @@ enum OrchestratorStore {
     /// Everyone with work under way (a pending check or clean-up), to resume after a restart.
     static func peopleWithWork(in db: Database) throws -> [(String, OnboardingStateMachine.PersistedPerson)] {
         try Row.fetchAll(
-            db, sql: "SELECT uid, profile, pendingCheck, withdrawn, cleanup FROM person WHERE pendingCheck IS NOT NULL OR cleanup != ''"
+            db, sql: "SELECT \(personColumns) FROM person WHERE pendingCheck IS NOT NULL OR cleanup != ''"
         ).map { (($0["uid"] as String), persisted($0)) }
     }
 
@@ -85,7 +101,10 @@ enum OrchestratorStore {
             }
         let cleanup = (row["cleanup"] as String).split(separator: ",").compactMap { OnboardingStateMachine.CleanupStep(rawValue: String($0)) }
         return .init(
-            profile: profile, pendingCheck: (row["pendingCheck"] as String?).flatMap(RouteIntent.Reason.init(rawValue:)),
+            profile: profile, profileAsOf: UInt64(clamping: row["profileAsOf"] as Int64), sessions: row["sessions"],
+            intent: routeState(row).intent,
+            owesDismiss: row["owesDismiss"],
+            pendingCheck: (row["pendingCheck"] as String?).flatMap(RouteIntent.Reason.init(rawValue:)),
             withdrawn: row["withdrawn"], cleanup: Set(cleanup))
     }
 
@@ -97,19 +116,26 @@ enum OrchestratorStore {
             case .unknown: "unknown"
             }
         let cleanup = OnboardingStateMachine.CleanupStep.allCases.filter(person.cleanup.contains).map(\.rawValue).joined(separator: ",")
+        // An intent that is no longer in force (a sign-out, a withdrawal) takes its route
+        // sequence and time with it; one in force keeps what ``recordIntent`` wrote.
         try db.executeCached("""
-                INSERT INTO person (uid, profile, pendingCheck, withdrawn, cleanup) VALUES (?, ?, ?, ?, ?)
+                INSERT INTO person (uid, profile, profileAsOf, sessions, owesDismiss, pendingCheck, withdrawn, cleanup, intentId, intent, reason)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (uid) DO UPDATE SET
-                    profile = excluded.profile, pendingCheck = excluded.pendingCheck,
-                    withdrawn = excluded.withdrawn, cleanup = excluded.cleanup
-                """, [uid, profile, person.pendingCheck?.rawValue, person.withdrawn, cleanup])
-        if person.withdrawn {
-            // Nothing is in force for someone who has left.
-            try db.executeCached("UPDATE person SET intentId = NULL, intent = NULL, reason = NULL, intentSequence = NULL, intentTime = NULL WHERE uid = ? AND intentId IS NOT NULL", [uid])
-        }
+                    profile = excluded.profile, profileAsOf = excluded.profileAsOf, sessions = excluded.sessions,
+                    owesDismiss = excluded.owesDismiss,
+                    pendingCheck = excluded.pendingCheck, withdrawn = excluded.withdrawn, cleanup = excluded.cleanup,
+                    intentId = excluded.intentId, intent = excluded.intent, reason = excluded.reason,
+                    intentSequence = CASE WHEN excluded.intentId IS NULL THEN NULL ELSE intentSequence END,
+                    intentTime = CASE WHEN excluded.intentId IS NULL THEN NULL ELSE intentTime END
+                """, [
+                    uid, profile, Int64(clamping: person.profileAsOf), person.sessions, person.owesDismiss, person.pendingCheck?.rawValue,
+                    person.withdrawn, cleanup, person.intent?.intentId, person.intent?.intent.rawValue,
+                    person.intent?.reason.rawValue,
+                ])
     }
 
-    /// Records `intent` as the one in force for its person.
+    /// Records `intent` as the one in force for its person, published with route `sequence`.
     static func recordIntent(_ intent: RouteIntent, sequence: UInt64, time: String, in db: Database) throws {
         try db.executeCached("""
                 INSERT INTO person (uid, profile, intentId, intent, reason, intentSequence, intentTime)

@@ -2,7 +2,7 @@ import OnboardingAPI
 import Synchronization
 
 /// The per-person cache in front of the ``ProfileStore``, holding profiles and "no profile"
-/// answers alike (never failures).
+/// answers alike (never failures), each with how new it is (``ProfileResult/asOfSequence``).
 ///
 /// Reads go to the cache first; on a miss the caller reads the store and offers the answer back
 /// with ``fill(_:with:ticket:)``. Writes go to the store and then refresh the cache with
@@ -18,8 +18,8 @@ import Synchronization
 public final class ProfileCache: Sendable {
     /// What a lookup found.
     public enum Lookup: Sendable, Equatable {
-        /// The cached answer: the profile, or `nil` for "this person has no profile".
-        case hit(Profile?)
+        /// The cached answer: the profile, or none for "this person has no profile".
+        case hit(ProfileResult)
         /// Nothing cached; read the store, then hand the answer to ``fill(_:with:ticket:)``.
         case miss(FillTicket)
     }
@@ -30,7 +30,7 @@ public final class ProfileCache: Sendable {
     }
 
     private struct State {
-        var entries: LRUCache<String, Profile?>
+        var entries: LRUCache<String, ProfileResult>
         var changes: UInt64 = 0
     }
 
@@ -61,18 +61,18 @@ public final class ProfileCache: Sendable {
 
     /// Caches what the store answered for `uid` after a missed lookup, unless the cache was
     /// changed since then.
-    public func fill(_ uid: String, with profile: Profile?, ticket: FillTicket) {
+    public func fill(_ uid: String, with answer: ProfileResult, ticket: FillTicket) {
         state.withLock { state in
             guard state.changes == ticket.changes else { return }
-            state.entries.set(profile, for: uid)
+            state.entries.set(answer, for: uid)
         }
     }
 
-    /// Caches `profile` as just written to the store.
-    public func store(_ profile: Profile) {
+    /// Caches `profile` as just written to the store by the event numbered `sequence`.
+    public func store(_ profile: Profile, sequence: UInt64) {
         state.withLock { state in
             state.changes &+= 1
-            state.entries.set(profile, for: profile.uid)
+            state.entries.set(ProfileResult(profile: profile, asOfSequence: sequence), for: profile.uid)
         }
     }
 

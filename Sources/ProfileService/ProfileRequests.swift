@@ -14,19 +14,19 @@ struct ProfileRequests: Sendable {
         var dispatcher = RequestDispatcher(
             source: ServiceName.profile, sessions: sessions, serviceToken: serviceToken, logger: logger)
         dispatcher.on(GetProfile.self, access: .sessionOrService) { _, context in
-            ProfileResult(profile: try await profile(of: context.requireUID()))
+            try await profile(of: context.requireUID())
         }
         dispatcher.on(CreateProfile.self, access: .service) { request, context in
-            let profile = try await store.create(
+            let created = try await store.createRecorded(
                 uid: context.requireUID(), username: request.username, imagePath: request.imagePath,
                 idempotencyKey: request.idempotencyKey, correlationId: context.message.header.id)
-            return ProfileResult(profile: profile)
+            return ProfileResult(profile: created.profile, asOfSequence: created.sequence)
         }
         dispatcher.on(UpdateProfile.self, access: .sessionOrService) { request, context in
-            let profile = try await store.update(
+            let updated = try await store.updateRecorded(
                 uid: context.requireUID(), username: request.username, imagePath: request.imagePath,
                 correlationId: context.message.header.id)
-            return ProfileResult(profile: profile)
+            return ProfileResult(profile: updated.profile, asOfSequence: updated.sequence)
         }
         dispatcher.on(DeleteProfile.self, access: .sessionOrService) { request, context in
             let uid = try context.requireUID()
@@ -45,16 +45,16 @@ struct ProfileRequests: Sendable {
         return dispatcher
     }
 
-    /// The profile of `uid` from the cache, or from the store (then cached). A store failure
-    /// is thrown, never cached.
-    func profile(of uid: String) async throws(ServiceError) -> Profile? {
+    /// The profile of `uid` (or none) and how new that answer is, from the cache, or from the
+    /// store (then cached). A store failure is thrown, never cached.
+    func profile(of uid: String) async throws(ServiceError) -> ProfileResult {
         switch cache.lookup(uid) {
-        case .hit(let profile):
-            return profile
+        case .hit(let answer):
+            return answer
         case .miss(let ticket):
-            let profile = try await store.fetch(uid: uid)
-            cache.fill(uid, with: profile, ticket: ticket)
-            return profile
+            let answer = try await store.read(uid: uid)
+            cache.fill(uid, with: answer, ticket: ticket)
+            return answer
         }
     }
 }

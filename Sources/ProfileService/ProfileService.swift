@@ -101,8 +101,8 @@ public struct ProfileService: Service {
             writer: writer,
             outbox: Outbox(source: ServiceName.profile, publisher: publisher),
             logger: logger,
-            afterCommit: { uid, profile in
-                if let profile { cache.store(profile) } else { cache.remove(uid) }
+            afterCommit: { uid, profile, sequence in
+                if let profile { cache.store(profile, sequence: sequence) } else { cache.remove(uid) }
             })
         let requests = ProfileRequests(store: store, cache: cache)
         let server = RequestServer(

@@ -21,11 +21,12 @@ import ServiceRuntime
 /// `invalidRequest`; any failure of the database itself is logged and thrown as
 /// `storeUnavailable` (nothing was changed), never as a missing profile.
 public struct ProfileStore: Sendable {
-    /// Told of each committed change: the person and their profile now (`nil`: deleted).
+    /// Told of each committed change: the person, their profile now (`nil`: deleted) and the
+    /// sequence number of the event that reports the change.
     ///
     /// Called on the database's writer queue, in commit order, before the changing method
     /// returns; it must not block or touch the database.
-    public typealias CommitObserver = @Sendable (_ uid: String, _ profile: Profile?) -> Void
+    public typealias CommitObserver = @Sendable (_ uid: String, _ profile: Profile?, _ sequence: UInt64) -> Void
 
     public let writer: any DatabaseWriter
     public let outbox: Outbox
@@ -46,7 +47,8 @@ public struct ProfileStore: Sendable {
 
     /// The migrations of the profile database: the outbox and the `profile` table, whose
     /// `createKey` column (added by `profile-v2-create-key`) keeps the idempotency key of the
-    /// create that made each profile.
+    /// create that made each profile, and whose `sequence` column (`profile-v3-sequence`) keeps
+    /// the sequence number of the event that last changed it.
     public static func migrator() -> DatabaseMigrator {
         var migrator = DatabaseMigrator()
         Outbox.registerMigration(in: &migrator)
@@ -64,6 +66,16 @@ public struct ProfileStore: Sendable {
             try db.alter(table: ProfileRow.databaseTableName) { table in
                 table.add(column: "createKey", .text)
             }
+        }
+        migrator.registerMigration("profile-v3-sequence") { db in
+            try db.alter(table: ProfileRow.databaseTableName) { table in
+                table.add(column: "sequence", .integer).notNull().defaults(to: 0)
+            }
+            // Profiles made before: the newest of their events still in the outbox (0 if pruned).
+            try db.execute(sql: """
+                UPDATE profile SET sequence = COALESCE(
+                    (SELECT MAX(outbox.sequence) FROM outbox WHERE outbox.uid = profile.uid), 0)
+                """)
         }
         return migrator
     }
@@ -90,7 +102,21 @@ public struct ProfileStore: Sendable {
     ///
     /// - Throws: `storeUnavailable`.
     public func fetch(uid: String) async throws(ServiceError) -> Profile? {
-        try await run(write: false) { db in try ProfileRow.fetchOne(db, key: uid)?.profile }
+        try await read(uid: uid).profile
+    }
+
+    /// The profile of `uid` (`nil`: none) and how new that answer is
+    /// (``ProfileResult/asOfSequence``): for a profile, the sequence of the event that last
+    /// changed it; for none, the newest sequence recorded so far, read in the same snapshot.
+    ///
+    /// - Throws: `storeUnavailable`.
+    public func read(uid: String) async throws(ServiceError) -> ProfileResult {
+        try await run(write: false) { db in
+            if let row = try ProfileRow.fetchOne(db, key: uid) {
+                return ProfileResult(profile: row.profile, asOfSequence: row.sequence)
+            }
+            return ProfileResult(profile: nil, asOfSequence: try Outbox.lastSequence(in: db))
+        }
     }
 
     /// Whether `username` could be claimed now, and if not, why.
@@ -130,6 +156,18 @@ public struct ProfileStore: Sendable {
     public func create(
         uid: String, username: String, imagePath: String?, idempotencyKey: String? = nil, correlationId: String? = nil
     ) async throws(ServiceError) -> Profile {
+        try await createRecorded(
+            uid: uid, username: username, imagePath: imagePath, idempotencyKey: idempotencyKey,
+            correlationId: correlationId
+        ).profile
+    }
+
+    /// ``create(uid:username:imagePath:idempotencyKey:correlationId:)``, answered with how new
+    /// the answer is: the sequence of the `ProfileCreated` event (for a repeated key, of the event
+    /// that last changed the profile).
+    public func createRecorded(
+        uid: String, username: String, imagePath: String?, idempotencyKey: String? = nil, correlationId: String? = nil
+    ) async throws(ServiceError) -> (profile: Profile, sequence: UInt64) {
         if let problem = IdempotencyKey.problem(idempotencyKey) { throw problem }
         let username = try Self.validated(username)
         try Self.validate(imagePath: imagePath, of: uid)
@@ -137,16 +175,18 @@ public struct ProfileStore: Sendable {
         return try await run { db in
             if let existing = try ProfileRow.fetchOne(db, key: uid) {
                 guard let idempotencyKey, existing.createKey == idempotencyKey else { throw Self.profileExists }
-                return existing.profile
+                return (existing.profile, existing.sequence)
             }
             let now = Timestamp.now()
-            let row = ProfileRow(
+            var row = ProfileRow(
                 uid: uid, username: username, usernameKey: UsernameRules.uniquenessKey(username),
                 imagePath: imagePath, createdAt: now, updatedAt: now, createKey: idempotencyKey)
+            // The event first, so the row is written once with its sequence; a refused claim
+            // below rolls both back.
+            row.sequence = try outbox.append(ProfileCreated(profile: row.profile), uid: uid, correlationId: correlationId, in: db)
             try Self.claimingUsername { try row.insert(db) }
-            try outbox.append(ProfileCreated(profile: row.profile), uid: uid, correlationId: correlationId, in: db)
-            Self.tell(afterCommit, uid: uid, profile: row.profile, in: db)
-            return row.profile
+            Self.tell(afterCommit, uid: uid, profile: row.profile, sequence: row.sequence, in: db)
+            return (row.profile, row.sequence)
         }
     }
 
@@ -158,6 +198,14 @@ public struct ProfileStore: Sendable {
     ///   `usernameTaken` or `storeUnavailable`.
     public func update(uid: String, username: String?, imagePath: String?, correlationId: String? = nil)
         async throws(ServiceError) -> Profile
+    {
+        try await updateRecorded(uid: uid, username: username, imagePath: imagePath, correlationId: correlationId).profile
+    }
+
+    /// ``update(uid:username:imagePath:correlationId:)``, answered with the sequence of the
+    /// event that last changed the profile (this one's, when something changed).
+    public func updateRecorded(uid: String, username: String?, imagePath: String?, correlationId: String? = nil)
+        async throws(ServiceError) -> (profile: Profile, sequence: UInt64)
     {
         let username = try username.map { name throws(ServiceError) in try Self.validated(name) }
         try Self.validate(imagePath: imagePath, of: uid)
@@ -172,12 +220,12 @@ public struct ProfileStore: Sendable {
                 row.usernameKey = UsernameRules.uniquenessKey(username)
             }
             if let imagePath { row.imagePath = imagePath }
-            guard row != before else { return row.profile }
+            guard row != before else { return (row.profile, row.sequence) }
             row.updatedAt = Timestamp.now()
+            row.sequence = try outbox.append(ProfileUpdated(profile: row.profile), uid: uid, correlationId: correlationId, in: db)
             try Self.claimingUsername { try row.update(db) }
-            try outbox.append(ProfileUpdated(profile: row.profile), uid: uid, correlationId: correlationId, in: db)
-            Self.tell(afterCommit, uid: uid, profile: row.profile, in: db)
-            return row.profile
+            Self.tell(afterCommit, uid: uid, profile: row.profile, sequence: row.sequence, in: db)
+            return (row.profile, row.sequence)
         }
     }
 
@@ -190,8 +238,8 @@ public struct ProfileStore: Sendable {
         let (outbox, afterCommit) = (self.outbox, self.afterCommit)
         return try await run { db in
             guard try ProfileRow.deleteOne(db, key: uid) else { return false }
-            try outbox.append(ProfileDeleted(uid: uid, reason: reason), uid: uid, correlationId: correlationId, in: db)
-            Self.tell(afterCommit, uid: uid, profile: nil, in: db)
+            let sequence = try outbox.append(ProfileDeleted(uid: uid, reason: reason), uid: uid, correlationId: correlationId, in: db)
+            Self.tell(afterCommit, uid: uid, profile: nil, sequence: sequence, in: db)
             return true
         }
     }
@@ -220,9 +268,9 @@ public struct ProfileStore: Sendable {
         }
     }
 
-    private static func tell(_ observer: CommitObserver?, uid: String, profile: Profile?, in db: Database) {
+    private static func tell(_ observer: CommitObserver?, uid: String, profile: Profile?, sequence: UInt64, in db: Database) {
         guard let observer else { return }
-        db.afterNextTransaction { _ in observer(uid, profile) }
+        db.afterNextTransaction { _ in observer(uid, profile, sequence) }
     }
 
     /// Runs a write that may claim a username, turning the database's verdict on uniqueness into
@@ -269,6 +317,8 @@ struct ProfileRow: Codable, Hashable, FetchableRecord, PersistableRecord {
     var updatedAt: String
     /// The idempotency key of the create that made this profile, if it had one.
     var createKey: String? = nil
+    /// The sequence number of the event that last changed this profile.
+    var sequence: UInt64 = 0
 
     var profile: Profile {
         Profile(uid: uid, username: username, imagePath: imagePath, createdAt: createdAt, updatedAt: updatedAt)

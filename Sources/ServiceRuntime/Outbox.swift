@@ -92,8 +92,13 @@ extension Outbox {
                 envelope: String(decoding: row["envelope"] as Data, as: UTF8.self))
         }
         let first = try Int64.fetchOne(db, sql: "SELECT MIN(sequence) FROM outbox") ?? 0
-        let last = try Int64.fetchOne(db, sql: "SELECT seq FROM sqlite_sequence WHERE name = 'outbox'") ?? 0
-        return EventPage(events: events, firstSequence: UInt64(clamping: first), lastSequence: UInt64(clamping: last))
+        return EventPage(events: events, firstSequence: UInt64(clamping: first), lastSequence: try lastSequence(in: db))
+    }
+
+    /// The largest sequence number ever assigned (0 before the first event), pruned rows and
+    /// all: every event up to it has been recorded.
+    public static func lastSequence(in db: Database) throws -> UInt64 {
+        UInt64(clamping: try Int64.fetchOne(db, sql: "SELECT seq FROM sqlite_sequence WHERE name = 'outbox'") ?? 0)
     }
 }
 

@@ -14,7 +14,12 @@ extension ProfileServiceTests {
                 Issue.record("\(uid) was already cached")
                 return
             }
-            cache.fill(uid, with: profile, ticket: ticket)
+            cache.fill(uid, with: ProfileResult(profile: profile, asOfSequence: 7), ticket: ticket)
+        }
+
+        /// A cached answer as `fill` stores it, or as `store` does with sequence 9.
+        static func hit(_ profile: Profile?, _ sequence: UInt64 = 7) -> ProfileCache.Lookup {
+            .hit(ProfileResult(profile: profile, asOfSequence: sequence))
         }
 
         @Test("a \"no profile\" answer is cached like a profile")
@@ -22,16 +27,16 @@ extension ProfileServiceTests {
             let cache = ProfileCache(capacity: 10)
             fill(cache, "u1", with: nil)
             fill(cache, "u2", with: Self.profile("u2"))
-            #expect(cache.lookup("u1") == .hit(nil))
-            #expect(cache.lookup("u2") == .hit(Self.profile("u2")))
+            #expect(cache.lookup("u1") == Self.hit(nil))
+            #expect(cache.lookup("u2") == Self.hit(Self.profile("u2")))
         }
 
         @Test("a write refreshes the cache and a removal clears it")
         func writesAndRemovals() {
             let cache = ProfileCache(capacity: 10)
             fill(cache, "u1", with: nil)
-            cache.store(Self.profile("u1", "Mina"))
-            #expect(cache.lookup("u1") == .hit(Self.profile("u1", "Mina")))
+            cache.store(Self.profile("u1", "Mina"), sequence: 9)
+            #expect(cache.lookup("u1") == Self.hit(Self.profile("u1", "Mina"), 9))
             cache.remove("u1")
             guard case .miss = cache.lookup("u1") else {
                 Issue.record("u1 is still cached after removal")
@@ -43,13 +48,13 @@ extension ProfileServiceTests {
         func staleFillIsDropped() {
             let cache = ProfileCache(capacity: 10)
             guard case .miss(let ticket) = cache.lookup("u1") else { return }
-            cache.store(Self.profile("u1", "newer"))
-            cache.fill("u1", with: nil, ticket: ticket)
-            #expect(cache.lookup("u1") == .hit(Self.profile("u1", "newer")))
+            cache.store(Self.profile("u1", "newer"), sequence: 9)
+            cache.fill("u1", with: ProfileResult(profile: nil, asOfSequence: 8), ticket: ticket)
+            #expect(cache.lookup("u1") == Self.hit(Self.profile("u1", "newer"), 9))
 
             guard case .miss(let late) = cache.lookup("u2") else { return }
             cache.remove("u2")
-            cache.fill("u2", with: Self.profile("u2", "older"), ticket: late)
+            cache.fill("u2", with: ProfileResult(profile: Self.profile("u2", "older"), asOfSequence: 3), ticket: late)
             #expect(cache.count == 1)
         }
 
@@ -61,8 +66,8 @@ extension ProfileServiceTests {
             _ = cache.lookup("u1")
             fill(cache, "u3", with: nil)
             #expect(cache.count == 2)
-            #expect(cache.lookup("u1") == .hit(nil))
-            #expect(cache.lookup("u3") == .hit(nil))
+            #expect(cache.lookup("u1") == Self.hit(nil))
+            #expect(cache.lookup("u3") == Self.hit(nil))
             guard case .miss = cache.lookup("u2") else {
                 Issue.record("u2 should have been forgotten")
                 return

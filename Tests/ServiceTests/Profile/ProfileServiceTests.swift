@@ -12,8 +12,8 @@ extension ProfileServiceTests {
         @Test("a person without a profile is told so, as a normal answer")
         func noProfile() async throws {
             try await RunningProfileService.with { service async throws in
-                #expect(try await service.call(GetProfile(), uid: "u1") == ProfileResult(profile: nil))
-                #expect(try await service.call(GetProfile(), token: "token-u1") == ProfileResult(profile: nil))
+                #expect(try await service.call(GetProfile(), uid: "u1") == ProfileResult(profile: nil, asOfSequence: 0))
+                #expect(try await service.call(GetProfile(), token: "token-u1") == ProfileResult(profile: nil, asOfSequence: 0))
             }
         }
 

@@ -146,14 +146,34 @@ extension ProfileServiceTests {
         @Test("the commit observer hears each change in commit order")
         func commitObserver() async throws {
             let heard = Mutex<[String]>([])
-            let store = try await makeStore { uid, profile in
-                heard.withLock { $0.append("\(uid):\(profile?.username ?? "deleted")") }
+            let store = try await makeStore { uid, profile, sequence in
+                heard.withLock { $0.append("\(uid):\(profile?.username ?? "deleted")@\(sequence)") }
             }
             _ = try await store.create(uid: "u1", username: "mina", imagePath: nil)
             _ = await refusal { _ = try await store.create(uid: "u2", username: "mina", imagePath: nil) }
             _ = try await store.update(uid: "u1", username: "sora", imagePath: nil)
             _ = try await store.delete(uid: "u1", reason: .request)
-            #expect(heard.withLock { $0 } == ["u1:mina", "u1:sora", "u1:deleted"])
+            #expect(heard.withLock { $0 } == ["u1:mina@1", "u1:sora@2", "u1:deleted@3"], "a refused claim uses no sequence")
+        }
+
+        @Test("every answer says how new it is, on the store's event sequence")
+        func answersCarryTheirSequence() async throws {
+            let store = try await makeStore()
+            #expect(try await store.read(uid: "u1") == ProfileResult(profile: nil, asOfSequence: 0))
+            let created = try await store.createRecorded(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "k1")
+            #expect(created.sequence == 1)
+            #expect(try await store.read(uid: "u1") == ProfileResult(profile: created.profile, asOfSequence: 1))
+            _ = try await store.create(uid: "u2", username: "sora", imagePath: nil)
+            #expect(try await store.read(uid: "u1").asOfSequence == 1, "a profile is as new as its own last change")
+            let repeated = try await store.createRecorded(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "k1")
+            #expect(repeated.sequence == 1, "a repeated create answers with the profile's own sequence")
+            let unchanged = try await store.updateRecorded(uid: "u2", username: "sora", imagePath: nil)
+            #expect(unchanged.sequence == 2)
+            let renamed = try await store.updateRecorded(uid: "u2", username: "hana", imagePath: nil)
+            #expect(renamed.sequence == 3)
+            _ = try await store.delete(uid: "u1", reason: .request)
+            #expect(try await store.read(uid: "u1") == ProfileResult(profile: nil, asOfSequence: 4),
+                "no profile is as new as everything recorded so far")
         }
 
         @Test("a store that fails says so, and never answers \"no profile\"")
