@@ -31,6 +31,7 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
+        .package(url: "https://github.com/x-sheep/swift-property-based", from: "2.0.1"),
     ],
     targets: [
         // MARK: Messaging
@@ -120,7 +121,10 @@ let package = Package(
 
         .testTarget(
             name: "ServiceTests",
-            dependencies: ["AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator"]
+            dependencies: [
+                "AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator",
+                .product(name: "PropertyBased", package: "swift-property-based"),
+            ]
         ),
 
         // MARK: Clients
