@@ -126,6 +126,20 @@ final class IntentRecorder: Sendable {
         return nil
     }
 
+    /// Waits until the `count`th intent matching `predicate` has arrived (counting those that
+    /// came before the call), up to `timeout`.
+    @discardableResult
+    func next(
+        _ count: Int, timeout: Duration = .seconds(10), sourceLocation: SourceLocation = #_sourceLocation,
+        where predicate: @escaping @Sendable (RouteIntent) -> Bool
+    ) async -> RouteIntent? {
+        // Every intent is shown to the predicate once, in arrival order.
+        let matched = Mutex(0)
+        return await next(timeout: timeout, sourceLocation: sourceLocation) { intent in
+            predicate(intent) && matched.withLock { $0 += 1; return $0 >= count }
+        }
+    }
+
     /// Waits until intents reach this recorder along the whole path a sign-in takes: pub/sub
     /// delivers only after a subscription has taken effect (this tap's to the routes, and the
     /// orchestrator's to auth events), so warm-up people sign in until one's sign-in intent arrives.
