@@ -170,6 +170,9 @@ enum IntentLine {
         let name = intent.intent.rawValue.padding(toLength: 19, withPad: " ", startingAt: 0)
         let painted = Terminal.paint(name, intent.intent == .dismiss ? .green : .yellow, when: color)
         let marker = current ? Terminal.paint("  (current)", .dim, when: color) : ""
-        return "\(Terminal.paint(clock, .dim, when: color))  \(intent.uid)  \(painted)  \(Terminal.paint(intent.reason.rawValue, .cyan, when: color))\(marker)"
+        let reason = Terminal.paint(intent.reason.rawValue.padding(toLength: 14, withPad: " ", startingAt: 0), .cyan, when: color)
+        // The id's start tells a repeat of the intent in force (same id) from a new decision.
+        let id = Terminal.paint("id \(intent.intentId.prefix(8))", .dim, when: color)
+        return "\(Terminal.paint(clock, .dim, when: color))  \(intent.uid)  \(painted)  \(reason)  \(id)\(marker)"
     }
 }
