@@ -221,12 +221,18 @@ struct OnboardingInterleavingTests {
     /// Up to 120 steps, each a kind and a choice among what is on its way.
     static let steps = Gen.int(in: 0...(InterleavingWorld.stepKinds * 8 - 1)).array(of: 1...120)
 
+    /// The world after `steps`, once everything on its way has arrived.
+    static func settled(after steps: [Int]) -> InterleavingWorld {
+        var world = InterleavingWorld()
+        for code in steps { world.step(code) }
+        world.settle()
+        return world
+    }
+
     @Test("once everything has arrived, the intent in force agrees with the stores, however it arrived")
     func intentInForceAgreesWithTheStores() async {
         await propertyCheck(count: 3_000, input: Self.steps) { steps in
-            var world = InterleavingWorld()
-            for code in steps { world.step(code) }
-            world.settle()
+            let world = Self.settled(after: steps)
             let problems = world.checkSettled()
             #expect(problems.isEmpty, "\(problems) after \(world.emitted.map { "\($0.intent.rawValue) \($0.intentId.prefix(8))" })")
         }
@@ -235,9 +241,7 @@ struct OnboardingInterleavingTests {
     @Test("a new intentId only when the intent in force changes; dismiss only after presentProfileSetup")
     func noDecisionTwice() async {
         await propertyCheck(count: 3_000, input: Self.steps) { steps in
-            var world = InterleavingWorld()
-            for code in steps { world.step(code) }
-            world.settle()
+            let world = Self.settled(after: steps)
             #expect(world.violations.isEmpty, "\(world.violations)")
             // New decisions alternate between asking and dismissing, with sign-outs in between.
             var lastNew: RouteIntent.Kind?
