@@ -89,7 +89,7 @@ enum ReportText {
 
     static func baseline(_ rows: [Baseline.Row], file: String, baseline: BenchReport) -> String {
         var lines = ["", "against \(file) (\(baseline.scenario), \(baseline.mode), \(baseline.startedAt)\(baseline.label.map { ", \($0)" } ?? "")): now ÷ then"]
-        let widths = [-24, 12, 12, 8]
+        let widths = [-30, 12, 12, 8]
         lines.append(row(["", "now", "then", "ratio"], widths: widths))
         for row in rows {
             func show(_ value: Double?) -> String {
