@@ -236,6 +236,7 @@ final class BenchRun {
             scenario: scenario, sender: sender, people: people, arrivals: arrivals)
         step.offeredRate = rate
         step.cpu = CPUProbe.usage(from: before, to: after, operations: step.sent)
+        step.otherBusy = CPUProbe.otherBusy(from: before, to: after, usage: step.cpu)
         step.windowSeconds = Double(after.taken - before.taken) / 1e9
         step.loadAverage = loadAverage
         return step
@@ -288,6 +289,6 @@ final class BenchRun {
             latency: LatencySummary(histogram), sendLag: LatencySummary(sender.lag),
             achievedRate: span > 0 ? Double(received) / span : 0,
             sendSeconds: Double(sender.lastSend - sender.start) / 1e9,
-            windowSeconds: 0, cpu: [], loadAverage: [], passed: nil)
+            windowSeconds: 0, cpu: [], otherBusy: nil, loadAverage: [], passed: nil)
     }
 }

@@ -36,6 +36,22 @@ enum ProcStat {
     static func microseconds(ticks: UInt64) -> Double {
         Double(ticks) * 1_000_000 / Double(ticksPerSecond)
     }
+
+    /// Busy ticks of the whole machine, all cores (the first line of `/proc/stat`: every
+    /// column but idle and iowait).
+    static func parseMachine(_ text: String) -> UInt64? {
+        guard let line = text.split(separator: "\n").first, line.hasPrefix("cpu ") else { return nil }
+        let values = line.split(separator: " ").dropFirst().compactMap { UInt64($0) }
+        guard values.count >= 5 else { return nil }
+        // user nice system idle iowait irq softirq steal (guest and guest_nice are in user already)
+        let busy = values.prefix(8).enumerated().filter { $0.offset != 3 && $0.offset != 4 }.map(\.element).reduce(0, +)
+        return busy
+    }
+
+    static func readMachine() -> UInt64? {
+        guard let text = try? String(contentsOfFile: "/proc/stat", encoding: .utf8) else { return nil }
+        return parseMachine(text)
+    }
 }
 
 /// The processes whose CPU the benchmark reports: each service (its pid from compose's pid file
@@ -50,6 +66,8 @@ struct CPUProbe: Sendable {
     struct Sample: Sendable {
         var pids: [String: Int32] = [:]
         var times: [String: ProcStat.Times] = [:]
+        /// Busy ticks of the whole machine.
+        var machine: UInt64?
         var taken: UInt64 = MonotonicClock.now()
     }
 
@@ -73,8 +91,18 @@ struct CPUProbe: Sendable {
             sample.pids[Self.generator] = me
             sample.times[Self.generator] = times
         }
+        sample.machine = ProcStat.readMachine()
         sample.taken = MonotonicClock.now()
         return sample
+    }
+
+    /// Cores kept busy by everything else on the machine between two samples (the machine's
+    /// busy time less that of the services and the load generator): what disturbed the step.
+    static func otherBusy(from before: Sample, to after: Sample, usage: [CPUUsage]) -> Double? {
+        guard let start = before.machine, let end = after.machine, end >= start, after.taken > before.taken else { return nil }
+        let machine = ProcStat.microseconds(ticks: end - start)
+        let ours = usage.compactMap(\.microseconds).reduce(0, +)
+        return max(0, machine - ours) / (Double(after.taken - before.taken) / 1000)
     }
 
     /// CPU per process between two samples. A process whose pid changed (restarted) or that

@@ -32,20 +32,23 @@ enum ReportText {
         lines.append("started \(report.startedAt), \(report.cores) cores\(report.label.map { ", \($0)" } ?? "")")
         lines.append("")
         let max = report.mode == "max"
-        let widths = [8, 7, 8, 5, 6, 9, 8, 8, 8, 8, 8, 8, 14] + (max ? [5] : [])
+        let widths = [8, 7, 8, 5, 6, 9, 8, 8, 8, 8, 8, 8, 14, 6] + (max ? [5] : [])
         lines.append(row(
             ["offered", "sent", "received", "lost", "errors", "achieved", "p50", "p90", "p99", "p99.9", "max", "lag p99",
-             "load (1/5 min)"] + (max ? ["p99<\(Int((report.p99LimitMicroseconds ?? 0) / 1000)) ms"] : []),
+             "load (1/5 min)", "other"] + (max ? ["p99<\(Int((report.p99LimitMicroseconds ?? 0) / 1000)) ms"] : []),
             widths: widths))
         for step in report.steps {
             let load = step.loadAverage.prefix(2).map { String(format: "%.2f", $0) }.joined(separator: " ")
             lines.append(row(
                 [rate(step.offeredRate), "\(step.sent)", "\(step.received)", "\(step.lost)", "\(step.errorCount)",
                  rate(step.achievedRate), duration(step.latency.p50), duration(step.latency.p90), duration(step.latency.p99),
-                 duration(step.latency.p999), duration(step.latency.max), duration(step.sendLag.p99), load]
+                 duration(step.latency.p999), duration(step.latency.max), duration(step.sendLag.p99), load,
+                 step.otherBusy.map { String(format: "%.2f", $0) } ?? "–"]
                     + (max ? [step.passed == true ? "pass" : "FAIL"] : []),
                 widths: widths))
         }
+        lines.append(
+            "(lag: how late the load generator sent, counted in the latency; other: cores busy with anything but the services and the generator)")
         lines.append("")
         lines.append("CPU µs per request (user + system, /proc/<pid>/stat; share of one core over the window in brackets):")
         let names = CPUProbe.services + [CPUProbe.generator]

@@ -73,6 +73,9 @@ struct StepResult: Codable, Sendable, Equatable {
     /// (or the wait for the missing ones gave up).
     var windowSeconds: Double
     var cpu: [CPUUsage]
+    /// Cores kept busy over the window by processes other than the services and the load
+    /// generator (from `/proc/stat`): a figure well above 0 means the step was disturbed.
+    var otherBusy: Double?
     var loadAverage: [Double]
     /// With `--rate max`: whether the step met the limits.
     var passed: Bool?

@@ -57,6 +57,24 @@ import Testing
         #expect(ProcStat.read(pid: getpid()) != nil)
     }
 
+    @Test func machineBusyTicksLeaveOutIdleAndIOWait() {
+        let text = "cpu  100 5 50 9000 40 3 2 1 0 0\ncpu0 50 2 25 4500 20 1 1 0 0 0\n"
+        #expect(ProcStat.parseMachine(text) == 100 + 5 + 50 + 3 + 2 + 1)
+        #expect(ProcStat.parseMachine("intr 1 2 3") == nil)
+    }
+
+    @Test func otherBusyIsTheMachineLessOurProcesses() throws {
+        var before = CPUProbe.Sample()
+        before.machine = 1000
+        before.taken = 0
+        var after = before
+        after.machine = 1000 + ProcStat.ticksPerSecond * 3 / 2  // 1.5 core-seconds over 1 s
+        after.taken = 1_000_000_000
+        let usage = [CPUUsage(name: "auth", pid: 1, microseconds: 1_000_000, perOperation: nil, busy: nil)]
+        let other = try #require(CPUProbe.otherBusy(from: before, to: after, usage: usage))
+        #expect(abs(other - 0.5) < 1e-9)
+    }
+
     @Test func usagePerOperationAndShareOfACore() {
         var before = CPUProbe.Sample()
         before.pids = ["auth": 10, "profile": 11, "onboarding-bench": 12]
@@ -134,7 +152,7 @@ import Testing
         return StepResult(
             offeredRate: rate, count: 100, sent: 100, received: 100, lost: 0, errors: [:], withoutReply: 0, duplicates: 0,
             unexpected: 0, latency: LatencySummary(count: 100, p50: p50, p90: p50, p99: p99, p999: p99, max: p99, mean: p50),
-            sendLag: .empty, achievedRate: rate, sendSeconds: 1, windowSeconds: 1, cpu: cpu, loadAverage: [], passed: passed)
+            sendLag: .empty, achievedRate: rate, sendSeconds: 1, windowSeconds: 1, cpu: cpu, otherBusy: 0, loadAverage: [], passed: passed)
     }
 
     func report(_ mode: String, _ steps: [StepResult], max: Double? = nil) -> BenchReport {
