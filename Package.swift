@@ -23,6 +23,7 @@ let package = Package(
         .executable(name: "onboarding-tap", targets: ["onboarding-tap"]),
         .executable(name: "onboarding-client", targets: ["onboarding-client"]),
         .executable(name: "onboarding-chaos", targets: ["onboarding-chaos"]),
+        .executable(name: "onboarding-bench", targets: ["onboarding-bench"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -32,6 +33,7 @@ let package = Package(
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
         .package(url: "https://github.com/x-sheep/swift-property-based", from: "2.0.1"),
+        .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
     ],
     targets: [
         // MARK: Messaging
@@ -167,6 +169,24 @@ let package = Package(
         .testTarget(
             name: "ChaosTestTests",
             dependencies: ["ChaosTest"]
+        ),
+
+        // MARK: The benchmark (an open-loop load generator on its own threads, libzmq directly)
+
+        .target(
+            name: "OnboardingBench",
+            dependencies: [
+                "CZeroMQ",
+                "ClientCommands",
+                "OnboardingAPI",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+            ]
+        ),
+        .executableTarget(name: "onboarding-bench", dependencies: ["OnboardingBench"]),
+        .testTarget(
+            name: "OnboardingBenchTests",
+            dependencies: ["OnboardingBench"]
         ),
 
         // MARK: The whole system
