@@ -49,8 +49,12 @@ public enum Report {
                 ? "none"
                 : summary.kills.map { "\($0.service) \($0.kills)\($0.kills < $0.planned ? " of \($0.planned)" : "")" }
                     .joined(separator: ", "))
-        row("intents recorded", "\(counts.intents)  (\(counts.intents - counts.filled) live, \(counts.filled) filled from events.after)")
-        row("duplicates delivered", "\(counts.duplicatesDelivered)  (an intentId delivered live more than once)")
+        row(
+            "intents recorded",
+            "\(counts.intents) decisions (distinct intentIds) in \(counts.deliveries) deliveries (route sequences): "
+                + "\(counts.deliveries - counts.filled) live, \(counts.filled) filled from events.after")
+        row("repeats", "\(counts.repeats)  (the intent in force published again: same intentId, new route sequence)")
+        row("duplicates delivered", "\(counts.duplicatesDelivered)  (a route sequence delivered live more than once)")
         row(
             "deduplicated",
             "\(counts.deduplicated)  (dropped as already recorded: \(counts.duplicatesDelivered) live, "

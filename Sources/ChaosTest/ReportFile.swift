@@ -36,7 +36,12 @@ struct ReportFile: Encodable {
     var people: Int
     var couldNotFinish: Int
     var lost: Int
+    /// Distinct intentIds recorded.
     var intentsRecorded: Int
+    /// Distinct route sequences recorded (decisions and repeats).
+    var deliveries: Int
+    /// The intent in force published again: same intentId, new route sequence.
+    var repeats: Int
     var liveDeliveries: Int
     var filledFromEventsAfter: Int
     var duplicatesDelivered: Int
@@ -62,6 +67,8 @@ struct ReportFile: Encodable {
         couldNotFinish = summary.unfinished.count
         lost = summary.lost.count
         intentsRecorded = counts.intents
+        deliveries = counts.deliveries
+        repeats = counts.repeats
         liveDeliveries = counts.liveDeliveries
         filledFromEventsAfter = counts.filled
         duplicatesDelivered = counts.duplicatesDelivered

@@ -99,11 +99,31 @@ import Testing
         #expect(recorder.record(intent("c", "u2", .presentProfileSetup, .signedIn), sequence: 2, live: false))
         let counts = recorder.snapshot().counts
         #expect(counts.intents == 3)
+        #expect(counts.deliveries == 3)
+        #expect(counts.repeats == 0)
         #expect(counts.liveDeliveries == 3)
         #expect(counts.duplicatesDelivered == 1)
         #expect(counts.deduplicated == 2)
         #expect(counts.filled == 1)
         #expect(counts.sequenceReused == 0)
+    }
+
+    @Test func aRepeatIsADeliveryOfItsOwnNotADuplicate() {
+        let recorder = RouteRecorder()
+        recorder.record(intent("a", "u1", .presentProfileSetup, .signedIn), sequence: 1, live: true)
+        // A check confirmed it: the same intentId under a new route sequence, live and then replayed.
+        #expect(recorder.record(intent("a", "u1", .presentProfileSetup, .signedIn), sequence: 4, live: true))
+        #expect(!recorder.record(intent("a", "u1", .presentProfileSetup, .signedIn), sequence: 4, live: false))
+        // A repeat the live stream missed.
+        #expect(recorder.record(intent("a", "u1", .presentProfileSetup, .signedIn), sequence: 6, live: false))
+        let recording = recorder.snapshot()
+        #expect(recording.counts.intents == 1)
+        #expect(recording.counts.deliveries == 3)
+        #expect(recording.counts.repeats == 2)
+        #expect(recording.counts.duplicatesDelivered == 0)
+        #expect(recording.counts.deduplicated == 1)
+        #expect(recording.counts.filled == 1)
+        #expect(recording.intentsByUID["u1"]?.map(\.sequence) == [1, 4, 6])
     }
 
     @Test func aReusedSequenceIsCountedAndOrderFallsBackToArrival() {
