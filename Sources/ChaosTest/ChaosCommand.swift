@@ -12,11 +12,15 @@ public struct ChaosCommand: AsyncParsableCommand {
         abstract: "Drive simulated people through onboarding while SIGKILLing every service, then check that nothing was lost.",
         discussion: """
             Each person signs in, sets up a profile (most of them; half with an image), signs out, signs in again, \
-            asks "check me now" and withdraws (some of them). Meanwhile each service is killed --kills times at random \
+            asks "check me now" and withdraws, ends signed out or stays signed in. Some sign in on two devices (one \
+            signs out while the other stays); some apps send "check me now" whenever Home appears (after each sign-in, \
+            while the set-up is in flight, racing a sign-out). Meanwhile each service is killed --kills times at random \
             points of the drive; compose's supervise loop restarts it. At the end the tool checks the stores (SQLite \
             files read-only, the image folders), the route intents it recorded from route. (plus events.after) and the \
             route state (onboarding.routes) until everything holds or --settle-timeout passes, and prints its counts. \
-            Exit status 1 when a person is lost, could not finish, or a planned kill did not happen.
+            Exit status 1 when a person is lost (a rule broken: the intent in force disagrees with the stores, a \
+            dismiss is missing, …), got a decision twice (two dismiss, or two presentProfileSetup, for one state \
+            change), could not finish, or a planned kill did not happen.
 
             Run it against a system started by ./compose/onboarding up, or let ./compose/onboarding chaos start a fresh \
             one, run it and stop it.
@@ -36,6 +40,12 @@ public struct ChaosCommand: AsyncParsableCommand {
     var imagePercent = 50
     @Option(help: "The share of people who withdraw at the end, in percent.")
     var withdrawPercent = 40
+    @Option(help: "The share of people who sign in on a second device while the first is signed in, in percent.")
+    var twoDevicePercent = 30
+    @Option(help: "The share of people whose app sends \"check me now\" whenever Home appears (after each sign-in, during the set-up, racing a sign-out), in percent. Every app checks once before the end of the journey.")
+    var checkPercent = 50
+    @Option(help: "The share of people who do not withdraw and end signed out on every device, in percent (the others stay signed in).")
+    var signOutPercent = 25
     @Option(help: "An image file every set-up with an image sends (such as compose/sample.png). Default: a small PNG of each person's own.")
     var image: String?
 
@@ -72,7 +82,10 @@ public struct ChaosCommand: AsyncParsableCommand {
         guard people >= 1 else { throw ValidationError("--people must be at least 1.") }
         guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1.") }
         guard kills >= 0 else { throw ValidationError("--kills must be 0 or more.") }
-        for (name, value) in [("--set-up-percent", setUpPercent), ("--image-percent", imagePercent), ("--withdraw-percent", withdrawPercent)] {
+        for (name, value) in [
+            ("--set-up-percent", setUpPercent), ("--image-percent", imagePercent), ("--withdraw-percent", withdrawPercent),
+            ("--two-device-percent", twoDevicePercent), ("--check-percent", checkPercent), ("--sign-out-percent", signOutPercent),
+        ] {
             guard (0...100).contains(value) else { throw ValidationError("\(name) must be from 0 to 100.") }
         }
         guard timeoutMs >= 10, personTimeout >= 1, settleTimeout >= 0, recoveryTimeout >= 1 else {
@@ -139,7 +152,8 @@ public struct ChaosCommand: AsyncParsableCommand {
             seed: seed ?? UInt64.random(in: 1...999_999_999, using: &seedGenerator),
             shares: RunPlan.Shares(
                 setUp: Double(setUpPercent) / 100, image: Double(imagePercent) / 100,
-                withdraw: Double(withdrawPercent) / 100),
+                withdraw: Double(withdrawPercent) / 100, twoDevices: Double(twoDevicePercent) / 100,
+                checks: Double(checkPercent) / 100, endSignedOut: Double(signOutPercent) / 100),
             endpoints: endpoints,
             stores: StoreLocations(
                 authDatabase: path(authDatabase, env: "ONBOARDING_AUTH_DATABASE", "auth.sqlite"),

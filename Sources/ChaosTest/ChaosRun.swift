@@ -63,9 +63,12 @@ public struct ChaosSetupError: Error, CustomStringConvertible {
 public struct ChaosSummary: Sendable {
     public var plan: RunPlan
     public var outcomes: [PersonOutcome]
-    public var lost: [LostPerson]
+    /// Everyone whose traces break a rule: lost, doubled or both.
+    public var inconsistent: [LostPerson]
     public var kills: [KillReport]
     public var recording: RecorderCounts
+    /// Each person's deliveries, in ``order`` (for the report file).
+    public var intentsByUID: [String: [RecordedIntent]] = [:]
     public var order: RouteRecording.Order
     /// How the replay went, or why it could not be used.
     public var replay: FillResult
@@ -86,7 +89,18 @@ public struct ChaosSummary: Sendable {
 
     public var unfinished: [PersonOutcome] { outcomes.filter { !$0.finished } }
     public var killsShort: Bool { kills.contains { $0.kills < $0.planned } }
-    public var passed: Bool { lost.isEmpty && unfinished.isEmpty && runProblems.isEmpty && !killsShort }
+    /// People a rule other than a doubling one fails for.
+    public var lost: [LostPerson] { inconsistent.filter(\.isLost) }
+    /// People who got a decision twice for one state change.
+    public var doubled: [LostPerson] { inconsistent.filter(\.isDoubled) }
+    /// Decisions beyond one per state change, over everyone.
+    public var doubledIntents: DoubledIntents {
+        doubled.reduce(into: DoubledIntents()) {
+            $0.dismiss += $1.doubled.dismiss
+            $0.presentProfileSetup += $1.doubled.presentProfileSetup
+        }
+    }
+    public var passed: Bool { inconsistent.isEmpty && unfinished.isEmpty && runProblems.isEmpty && !killsShort }
 }
 
 public struct RouteStateUnavailable: Error, Sendable, Hashable {
@@ -190,16 +204,19 @@ public struct ChaosRun: Sendable {
                 let states = await routeStates(caller: caller, until: callDeadline)
                 let stores = await StoreInspector.snapshot(of: configuration.stores, uids: uids)
                 let recording = recorder.snapshot()
-                let lost = Verdict.lost(in: Evidence(
+                let inconsistent = Verdict.lost(in: Evidence(
                     people: outcomes, stores: stores, recording: recording, routeStates: try? states.get()))
+                // A doubled decision stays doubled: waiting longer cannot mend it.
+                let lost = inconsistent.filter(\.isLost)
                 let consistent = lost.isEmpty && stores.problems.isEmpty
                 if consistent || clock.now >= settleDeadline {
                     var summary = ChaosSummary(
-                        plan: plan, outcomes: outcomes, lost: lost, kills: kills, recording: recording.counts,
+                        plan: plan, outcomes: outcomes, inconsistent: inconsistent, kills: kills, recording: recording.counts,
                         order: recording.order, replay: replay, routeState: states.map(\.count),
                         runProblems: runProblems + stores.problems, uidsBySubject: stores.accountBySubject,
                         droppedByBus: bus.statistics.droppedEvents, elapsed: started.duration(to: clock.now),
                         driveTime: driveTime, settleTime: settleStarted.duration(to: clock.now), settleRounds: round)
+                    summary.intentsByUID = recording.intentsByUID
                     summary.feeds = (try? await caller.call(
                         HealthCheck(), to: configuration.endpoints.orchestratorRPC, until: callDeadline).feeds) ?? []
                     say(consistent ? "consistent after \(round) check\(round == 1 ? "" : "s")" : "settle time is up")

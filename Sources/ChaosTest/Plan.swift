@@ -2,8 +2,8 @@ import Foundation
 import OnboardingAPI
 
 /// A small, fast pseudo-random generator whose whole sequence follows from its seed (SplitMix64),
-/// so that `--seed` repeats a run's choices: who sets up, with an image, who withdraws, and when
-/// each service is killed.
+/// so that `--seed` repeats a run's choices: who sets up, with an image, who withdraws, who signs
+/// in on two devices, whose app checks often, and when each service is killed.
 public struct SeededGenerator: RandomNumberGenerator, Sendable {
     private var state: UInt64
 
@@ -32,15 +32,45 @@ public struct PersonPlan: Sendable, Hashable {
     public var withImage: Bool
     /// Whether the person withdraws at the end.
     public var withdraws: Bool
+    /// On how many devices the person signs in (1 or 2): a second device signs in while the
+    /// first is signed in, and later one of them signs out while the other stays.
+    public var devices: Int
+    /// Whether the person's app sends "check me now" whenever Home appears: after each sign-in,
+    /// while the set-up is in flight, and at other moments.
+    public var checksOften: Bool
+    /// Whether the person ends signed out on every device (instead of signed in), when they do
+    /// not withdraw.
+    public var endsSignedOut: Bool
+    /// The seed of the person's own choices during the journey (which device sets up, which
+    /// signs out first, when a check is sent).
+    public var seed: UInt64
+
+    public init(
+        index: Int, provider: Provider, subject: String, username: String?, withImage: Bool, withdraws: Bool,
+        devices: Int = 1, checksOften: Bool = false, endsSignedOut: Bool = false, seed: UInt64 = 0
+    ) {
+        self.index = index
+        self.provider = provider
+        self.subject = subject
+        self.username = username
+        self.withImage = withImage
+        self.withdraws = withdraws
+        self.devices = devices
+        self.checksOften = checksOften
+        self.endsSignedOut = endsSignedOut
+        self.seed = seed
+    }
 
     public var setsUp: Bool { username != nil }
 
-    /// A short description for reports: "set up with image, withdrawn".
+    /// A short description for reports: "set up with image, two devices, withdrawn".
     public var summary: String {
         var parts: [String] = []
         if let username { parts.append(withImage ? "set up as \(username) with image" : "set up as \(username)") }
         else { parts.append("never set up") }
-        if withdraws { parts.append("withdrew") }
+        if devices > 1 { parts.append("two devices") }
+        if checksOften { parts.append("checks often") }
+        if withdraws { parts.append("withdrew") } else if endsSignedOut { parts.append("ends signed out") }
         return parts.joined(separator: ", ")
     }
 }
@@ -55,16 +85,27 @@ public struct RunPlan: Sendable {
     /// kill happens, in order.
     public var killPoints: [String: [Double]]
 
-    /// The shares of people who set up a profile, who add an image to it, and who withdraw.
+    /// The shares of people who set up a profile, who add an image to it, who withdraw, who
+    /// sign in on two devices, whose app checks often, and (of those who do not withdraw) who
+    /// end signed out.
     public struct Shares: Sendable, Hashable {
         public var setUp: Double
         public var image: Double
         public var withdraw: Double
+        public var twoDevices: Double
+        public var checks: Double
+        public var endSignedOut: Double
 
-        public init(setUp: Double = 0.8, image: Double = 0.5, withdraw: Double = 0.4) {
+        public init(
+            setUp: Double = 0.8, image: Double = 0.5, withdraw: Double = 0.4, twoDevices: Double = 0.3,
+            checks: Double = 0.5, endSignedOut: Double = 0.25
+        ) {
             self.setUp = setUp
             self.image = image
             self.withdraw = withdraw
+            self.twoDevices = twoDevices
+            self.checks = checks
+            self.endSignedOut = endSignedOut
         }
     }
 
@@ -85,6 +126,10 @@ public struct RunPlan: Sendable {
             let setsUp = Double.random(in: 0..<1, using: &random) < shares.setUp
             let withImage = setsUp && Double.random(in: 0..<1, using: &random) < shares.image
             let withdraws = Double.random(in: 0..<1, using: &random) < shares.withdraw
+            let devices = Double.random(in: 0..<1, using: &random) < shares.twoDevices ? 2 : 1
+            let checksOften = Double.random(in: 0..<1, using: &random) < shares.checks
+            let endsSignedOut = !withdraws && Double.random(in: 0..<1, using: &random) < shares.endSignedOut
+            let personSeed = random.next()
             var username: String?
             if setsUp {
                 var attempt: UInt64 = 0
@@ -96,19 +141,25 @@ public struct RunPlan: Sendable {
             }
             people.append(PersonPlan(
                 index: index, provider: provider, subject: "chaos-\(nonce)-\(index)", username: username,
-                withImage: withImage, withdraws: withdraws))
+                withImage: withImage, withdraws: withdraws, devices: devices, checksOften: checksOften,
+                endsSignedOut: endsSignedOut, seed: personSeed))
         }
         var killPoints: [String: [Double]] = [:]
         for service in services {
-            // Spread each service's kills over the drive: kill k of n lands around k/(n+1), give
-            // or take a third of the gap, so a service has time to come back between two kills.
-            let gap = 1.0 / Double(kills + 1)
-            killPoints[service] = (0..<kills).map { k in
-                let centre = gap * Double(k + 1)
-                return min(max(centre + Double.random(in: -gap / 3...gap / 3, using: &random), 0.02), 0.95)
-            }.sorted()
+            killPoints[service] = spread(kills, using: &random)
         }
         return RunPlan(seed: seed, nonce: nonce, people: people, killPoints: killPoints)
+    }
+
+    /// `count` points over the drive: point k of n lands around (k+1)/(n+1), give or take a third
+    /// of the gap, so faults of one kind have time to end between them; sorted, in 0.02...0.95.
+    static func spread(_ count: Int, using random: inout SeededGenerator) -> [Double] {
+        guard count > 0 else { return [] }
+        let gap = 1.0 / Double(count + 1)
+        return (0..<count).map { k in
+            let centre = gap * Double(k + 1)
+            return min(max(centre + Double.random(in: -gap / 3...gap / 3, using: &random), 0.02), 0.95)
+        }.sorted()
     }
 
     /// A username of 9 characters of `[a-z0-9_]` from a hash of the nonce, the index and the attempt.

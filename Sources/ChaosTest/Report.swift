@@ -17,9 +17,12 @@ public enum Report {
 
     static func header(_ configuration: ChaosConfiguration, plan: RunPlan) -> String {
         let endpoints = configuration.endpoints
+        let shares = configuration.shares
+        func percent(_ share: Double) -> String { "\(Int((share * 100).rounded())) %" }
         return """
             onboarding-chaos: seed \(plan.seed) (repeat the run with --seed \(plan.seed)), run \(plan.nonce)
-              \(configuration.people) people, \(configuration.concurrency) at a time; \(configuration.killsPerService) SIGKILL\(configuration.killsPerService == 1 ? "" : "s") per service
+              \(configuration.people) people, \(configuration.concurrency) at a time: \(percent(shares.setUp)) set up (\(percent(shares.image)) of them with an image), \(percent(shares.withdraw)) withdraw, \(percent(shares.twoDevices)) on two devices, \(percent(shares.checks)) check often, \(percent(shares.endSignedOut)) of the rest end signed out
+              \(configuration.killsPerService) SIGKILL\(configuration.killsPerService == 1 ? "" : "s") per service
               auth \(endpoints.authRPC)  profile \(endpoints.profileRPC)  image-upload \(endpoints.imageRPC)
               orchestrator \(endpoints.orchestratorRPC)  routes \(endpoints.routes)
               stores \(configuration.stores.authDatabase), \(configuration.stores.profileDatabase), \(configuration.stores.imageDirectory)/
@@ -38,10 +41,13 @@ public enum Report {
         let counts = summary.recording
         lines.append("")
         lines.append("onboarding-chaos result (seed \(summary.plan.seed))")
+        let endedSignedOut = finished.filter { !$0.withdrew && !$0.timeline.signedInAtEnd }.count
         row(
             "people",
             "\(summary.outcomes.count)  (\(setUp.count) set up, \(setUp.filter(\.plan.withImage).count) with an image; "
-                + "\(finished.filter(\.withdrew).count) withdrew)")
+                + "\(finished.filter(\.withdrew).count) withdrew, \(endedSignedOut) ended signed out; "
+                + "\(summary.outcomes.filter { $0.plan.devices > 1 }.count) on two devices, "
+                + "\(summary.outcomes.filter(\.plan.checksOften).count) checked often)")
         row("could not finish", "\(summary.unfinished.count)")
         row(
             "kills",
@@ -64,11 +70,17 @@ public enum Report {
                 "orchestrator feed",
                 "\(feed.publisher): \(feed.handled) handled, \(feed.replayed) from events.after, \(feed.duplicatesDropped) duplicates dropped, \(feed.lost) lost (since its last start)")
         }
+        let byRule = Dictionary(grouping: summary.inconsistent.flatMap { Set($0.problems.map(\.rule)) }, by: { $0 })
+            .mapValues(\.count)
         row("lost", "\(summary.lost.count)")
-        let byRule = Dictionary(grouping: summary.lost.flatMap { Set($0.problems.map(\.rule)) }, by: { $0 }).mapValues(\.count)
-        for rule in Rule.allCases {
+        for rule in Rule.allCases where !rule.isDoubling {
             if let count = byRule[rule] { row("", "- \(count): \(rule.rawValue)") }
         }
+        let doubled = summary.doubledIntents
+        row(
+            "doubled",
+            "\(summary.doubled.count)  (people with a decision made twice: \(doubled.dismiss) extra dismiss, "
+                + "\(doubled.presentProfileSetup) extra presentProfileSetup)")
         row("resends", "\(summary.outcomes.reduce(0) { $0 + $1.resends })  (requests sent again after a transient failure)")
         row(
             "elapsed",
@@ -105,10 +117,11 @@ public enum Report {
                 lines.append("  \(kill.service): \(kill.kills) of \(kill.planned)")
             }
         }
-        if !summary.lost.isEmpty {
+        if !summary.inconsistent.isEmpty {
             lines.append("")
-            lines.append("lost (first \(min(listed, summary.lost.count)) of \(summary.lost.count)):")
-            for person in summary.lost.prefix(listed) {
+            lines.append(
+                "lost or doubled (first \(min(listed, summary.inconsistent.count)) of \(summary.inconsistent.count)):")
+            for person in summary.inconsistent.prefix(listed) {
                 lines.append("  \(person.uid)  person #\(person.plan.index), \(person.plan.summary):")
                 for problem in person.problems { lines.append("    - \(problem)") }
             }

@@ -12,6 +12,16 @@ struct ReportFile: Encodable {
         var problems: [String]
     }
 
+    struct Intent: Encodable {
+        var sequence: UInt64
+        var intentId: String
+        var intent: String
+        var reason: String
+        var live: Bool
+        /// The same intentId was recorded before under another route sequence.
+        var repeatOfEarlier: Bool
+    }
+
     struct Person: Encodable {
         var index: Int
         var provider: String
@@ -20,14 +30,23 @@ struct ReportFile: Encodable {
         var username: String?
         var withImage: Bool
         var plannedToWithdraw: Bool
+        var devices: Int
+        var checksOften: Bool
+        var plannedToEndSignedOut: Bool
         var setUp: Bool
         var withdrew: Bool
         var stoppedAt: String?
         var error: String?
         /// Every rule this person's traces break (empty: consistent).
         var problems: [String]
+        var doubledDismiss: Int
+        var doubledPresentProfileSetup: Int
         var notes: [String]
         var resends: Int
+        /// What the driver did, in order.
+        var deeds: [String]
+        /// The person's deliveries as recorded, in route-sequence order.
+        var intents: [Intent]
     }
 
     var seed: UInt64
@@ -36,6 +55,10 @@ struct ReportFile: Encodable {
     var people: Int
     var couldNotFinish: Int
     var lost: Int
+    /// People who got a decision twice for one state change, and the extra decisions by kind.
+    var doubled: Int
+    var doubledDismiss: Int
+    var doubledPresentProfileSetup: Int
     /// Distinct intentIds recorded.
     var intentsRecorded: Int
     /// Distinct route sequences recorded (decisions and repeats).
@@ -57,8 +80,7 @@ struct ReportFile: Encodable {
     var everyone: [Person]
 
     init(_ summary: ChaosSummary) {
-        let lostByIndex = Dictionary(
-            uniqueKeysWithValues: summary.lost.map { ($0.plan.index, $0.problems.map { "\($0.rule.rawValue): \($0.detail)" }) })
+        let flagged = Dictionary(uniqueKeysWithValues: summary.inconsistent.map { ($0.plan.index, $0) })
         let counts = summary.recording
         seed = summary.plan.seed
         run = summary.plan.nonce
@@ -66,6 +88,9 @@ struct ReportFile: Encodable {
         people = summary.outcomes.count
         couldNotFinish = summary.unfinished.count
         lost = summary.lost.count
+        doubled = summary.doubled.count
+        doubledDismiss = summary.doubledIntents.dismiss
+        doubledPresentProfileSetup = summary.doubledIntents.presentProfileSetup
         intentsRecorded = counts.intents
         deliveries = counts.deliveries
         repeats = counts.repeats
@@ -94,12 +119,24 @@ struct ReportFile: Encodable {
         everyone = summary.outcomes.map { outcome in
             let plan = outcome.plan
             let key = StoreSnapshot.subjectKey(provider: plan.provider, subject: plan.subject)
+            let uid = outcome.uid ?? summary.uidsBySubject[key]
+            var seen = Set<String>()
+            let intents = (uid.flatMap { summary.intentsByUID[$0] } ?? []).map {
+                Intent(
+                    sequence: $0.sequence, intentId: $0.intentId, intent: $0.kind.rawValue, reason: $0.reason.rawValue,
+                    live: $0.live, repeatOfEarlier: !seen.insert($0.intentId).inserted)
+            }
+            let person = flagged[plan.index]
             return Person(
                 index: plan.index, provider: plan.provider.rawValue, subject: plan.subject,
-                uid: outcome.uid ?? summary.uidsBySubject[key], username: plan.username, withImage: plan.withImage,
-                plannedToWithdraw: plan.withdraws, setUp: outcome.setUp, withdrew: outcome.withdrew,
+                uid: uid, username: plan.username, withImage: plan.withImage,
+                plannedToWithdraw: plan.withdraws, devices: plan.devices, checksOften: plan.checksOften,
+                plannedToEndSignedOut: plan.endsSignedOut, setUp: outcome.setUp, withdrew: outcome.withdrew,
                 stoppedAt: outcome.stopped?.step.rawValue, error: outcome.stopped?.error,
-                problems: lostByIndex[plan.index] ?? [], notes: outcome.notes, resends: outcome.resends)
+                problems: person?.problems.map { "\($0.rule.rawValue): \($0.detail)" } ?? [],
+                doubledDismiss: person?.doubled.dismiss ?? 0,
+                doubledPresentProfileSetup: person?.doubled.presentProfileSetup ?? 0,
+                notes: outcome.notes, resends: outcome.resends, deeds: outcome.deeds.map(\.description), intents: intents)
         }
     }
 
