@@ -80,6 +80,8 @@ struct PersonDriver: Sendable {
     let personTimeout: Duration
     /// The image a set-up with an image sends, by person index.
     let image: @Sendable (Int) -> Data
+    /// Told just before each set-up is sent (some hangs start right after one).
+    var setUpStarted: @Sendable () -> Void = {}
 
     /// The journey's state between steps.
     private struct Journey {
@@ -324,6 +326,7 @@ struct PersonDriver: Sendable {
             username: username, contentType: image == nil ? nil : "image/png", idempotencyKey: IdempotencyKey.make())
         var log = CallLog()
         var confirmations = 0
+        setUpStarted()
         while true {
             do {
                 let result = try await caller.call(

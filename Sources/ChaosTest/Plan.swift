@@ -3,7 +3,7 @@ import OnboardingAPI
 
 /// A small, fast pseudo-random generator whose whole sequence follows from its seed (SplitMix64),
 /// so that `--seed` repeats a run's choices: who sets up, with an image, who withdraws, who signs
-/// in on two devices, whose app checks often, and when each service is killed.
+/// in on two devices, whose app checks often, and which fault happens when.
 public struct SeededGenerator: RandomNumberGenerator, Sendable {
     private var state: UInt64
 
@@ -75,15 +75,104 @@ public struct PersonPlan: Sendable, Hashable {
     }
 }
 
+/// A fault the run inflicts on the compose deployment, and when.
+public struct PlannedFault: Sendable, Hashable {
+    public enum Kind: Sendable, Hashable {
+        /// SIGKILL one service; compose restarts it.
+        case kill(String)
+        /// SIGSTOP one service for `milliseconds`, then SIGCONT. `afterSetUpBegins`: the hang
+        /// starts a moment after some person's set-up was sent, so it catches set-ups in flight.
+        case hang(String, milliseconds: Int, afterSetUpBegins: Bool)
+        /// SIGKILL two services at once.
+        case killTwo(String, String)
+        /// Stop every service at once with `signal` (SIGTERM: they drain and exit; SIGKILL) and
+        /// let compose start them again on the same data.
+        case restartAll(signal: StopSignal)
+    }
+
+    public enum StopSignal: String, Sendable, Hashable, Codable {
+        case term = "SIGTERM"
+        case kill = "SIGKILL"
+    }
+
+    public var kind: Kind
+    /// Where in the drive it happens, as a share of people finished, in `0..<1`.
+    public var point: Double
+
+    public init(_ kind: Kind, at point: Double) {
+        self.kind = kind
+        self.point = point
+    }
+
+    /// The services it touches (compose's names).
+    public func services(all: [String]) -> [String] {
+        switch kind {
+        case .kill(let service), .hang(let service, _, _): return [service]
+        case .killTwo(let first, let second): return [first, second]
+        case .restartAll: return all
+        }
+    }
+
+    /// "hang profile 2.8 s after a set-up began", "SIGKILL auth + profile", …
+    public var label: String {
+        switch kind {
+        case .kill(let service): return "SIGKILL \(service)"
+        case .hang(let service, let ms, let afterSetUp):
+            return "SIGSTOP \(service) for \(String(format: "%.1f", Double(ms) / 1000)) s\(afterSetUp ? " right after a set-up began" : "")"
+        case .killTwo(let first, let second): return "SIGKILL \(first) + \(second) at once"
+        case .restartAll(let signal): return "\(signal.rawValue) every service at once (whole-system stop and start)"
+        }
+    }
+}
+
+/// How many faults of each kind a run inflicts.
+public struct FaultCounts: Sendable, Hashable {
+    /// SIGKILLs of each service.
+    public var killsPerService: Int
+    /// SIGSTOP/SIGCONT hangs of each service.
+    public var hangsPerService: Int
+    /// How long a hang lasts, in milliseconds (each hang draws from this range).
+    public var hangMilliseconds: ClosedRange<Int>
+    /// Times two services are SIGKILLed at once.
+    public var doubleKills: Int
+    /// Whole-system stops and starts (the first with SIGTERM, then SIGKILL, alternating).
+    public var systemRestarts: Int
+
+    public init(
+        killsPerService: Int = 3, hangsPerService: Int = 2, hangMilliseconds: ClosedRange<Int> = 2_000...4_000,
+        doubleKills: Int = 2, systemRestarts: Int = 2
+    ) {
+        self.killsPerService = killsPerService
+        self.hangsPerService = hangsPerService
+        self.hangMilliseconds = hangMilliseconds
+        self.doubleKills = doubleKills
+        self.systemRestarts = systemRestarts
+    }
+
+    /// Only SIGKILLs of each service, as the chaos test did before hangs and the rest.
+    public static func killsOnly(_ kills: Int) -> FaultCounts {
+        FaultCounts(killsPerService: kills, hangsPerService: 0, doubleKills: 0, systemRestarts: 0)
+    }
+}
+
 /// The choices of a whole run.
 public struct RunPlan: Sendable {
     public var seed: UInt64
     /// Random per run (not from the seed): keeps subjects and usernames of different runs apart.
     public var nonce: String
     public var people: [PersonPlan]
-    /// For each service, where in the drive (as a share of people finished, in `0..<1`) each
-    /// kill happens, in order.
-    public var killPoints: [String: [Double]]
+    /// Every fault of the run, ordered by where in the drive it happens.
+    public var faults: [PlannedFault]
+
+    /// For each service, where in the drive (as a share of people finished) each of its single
+    /// SIGKILLs happens, in order.
+    public var killPoints: [String: [Double]] {
+        var points: [String: [Double]] = [:]
+        for fault in faults {
+            if case .kill(let service) = fault.kind { points[service, default: []].append(fault.point) }
+        }
+        return points.mapValues { $0.sorted() }
+    }
 
     /// The shares of people who set up a profile, who add an image to it, who withdraw, who
     /// sign in on two devices, whose app checks often, and (of those who do not withdraw) who
@@ -109,12 +198,13 @@ public struct RunPlan: Sendable {
         }
     }
 
-    /// Makes the plan for `people` people and `kills` kills of each of `services`.
+    /// Makes the plan for `people` people and the `faults` of `services`.
     ///
     /// Everything but the nonce follows from `seed`. Usernames are 9 characters of `[a-z0-9_]`,
     /// made from the nonce and the person's index (so they differ between runs), unique within the run.
     public static func make(
-        seed: UInt64, nonce: String, people count: Int, shares: Shares = Shares(), kills: Int, services: [String]
+        seed: UInt64, nonce: String, people count: Int, shares: Shares = Shares(), faults counts: FaultCounts,
+        services: [String]
     ) -> RunPlan {
         var random = SeededGenerator(seed: seed)
         let providers = Provider.allCases
@@ -144,11 +234,37 @@ public struct RunPlan: Sendable {
                 withImage: withImage, withdraws: withdraws, devices: devices, checksOften: checksOften,
                 endsSignedOut: endsSignedOut, seed: personSeed))
         }
-        var killPoints: [String: [Double]] = [:]
+        var faults: [PlannedFault] = []
         for service in services {
-            killPoints[service] = spread(kills, using: &random)
+            for point in spread(counts.killsPerService, using: &random) {
+                faults.append(PlannedFault(.kill(service), at: point))
+            }
         }
-        return RunPlan(seed: seed, nonce: nonce, people: people, killPoints: killPoints)
+        for service in services {
+            for (k, point) in spread(counts.hangsPerService, using: &random).enumerated() {
+                let span = UInt64(counts.hangMilliseconds.upperBound - counts.hangMilliseconds.lowerBound + 1)
+                let milliseconds = counts.hangMilliseconds.lowerBound + Int(random.next() % span)
+                // Every other hang starts right after a set-up begins.
+                faults.append(PlannedFault(
+                    .hang(service, milliseconds: milliseconds, afterSetUpBegins: k.isMultiple(of: 2)), at: point))
+            }
+        }
+        if services.count >= 2 {
+            for point in spread(counts.doubleKills, using: &random) {
+                let first = Int(random.next() % UInt64(services.count))
+                var second = Int(random.next() % UInt64(services.count - 1))
+                if second >= first { second += 1 }
+                let pair = [services[first], services[second]].sorted {
+                    services.firstIndex(of: $0)! < services.firstIndex(of: $1)!
+                }
+                faults.append(PlannedFault(.killTwo(pair[0], pair[1]), at: point))
+            }
+        }
+        for (k, point) in spread(counts.systemRestarts, using: &random).enumerated() {
+            faults.append(PlannedFault(.restartAll(signal: k.isMultiple(of: 2) ? .term : .kill), at: point))
+        }
+        faults.sort { $0.point < $1.point }
+        return RunPlan(seed: seed, nonce: nonce, people: people, faults: faults)
     }
 
     /// `count` points over the drive: point k of n lands around (k+1)/(n+1), give or take a third

@@ -4,11 +4,15 @@ import OnboardingAPI
 /// The whole result as JSON (`--report-file`): the counts, and every person with what they did
 /// and what is wrong, for looking into more than the first few lost people.
 struct ReportFile: Encodable {
-    struct Kill: Encodable {
-        var service: String
-        var planned: Int
-        var kills: Int
-        var recoverySeconds: [Double]
+    struct Fault: Encodable {
+        /// "SIGKILL auth", "SIGSTOP profile for 2.8 s right after a set-up began", …
+        var fault: String
+        var plannedAt: Double
+        var happened: Bool
+        var peopleDone: Int
+        var afterDrive: Bool
+        /// A hang: how long the service was stopped; a kill or restart: until every service answered again.
+        var seconds: Double?
         var problems: [String]
     }
 
@@ -74,7 +78,7 @@ struct ReportFile: Encodable {
     var replay: String
     var routeState: String
     var runProblems: [String]
-    var kills: [Kill]
+    var faults: [Fault]
     var elapsedSeconds: Double
     var driveSeconds: Double
     var everyone: [Person]
@@ -109,10 +113,10 @@ struct ReportFile: Encodable {
         case .failure(let why): routeState = "unavailable: \(why.reason)"
         }
         runProblems = summary.runProblems
-        kills = summary.kills.map {
-            Kill(
-                service: $0.service, planned: $0.planned, kills: $0.kills,
-                recoverySeconds: $0.recoveries.map(Self.seconds), problems: $0.problems)
+        faults = summary.faults.map {
+            Fault(
+                fault: $0.fault.label, plannedAt: $0.fault.point, happened: $0.happened, peopleDone: $0.peopleDone,
+                afterDrive: $0.afterDrive, seconds: $0.took.map(Self.seconds), problems: $0.problems)
         }
         elapsedSeconds = Self.seconds(summary.elapsed)
         driveSeconds = Self.seconds(summary.driveTime)

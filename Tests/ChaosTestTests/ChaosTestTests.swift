@@ -1,5 +1,6 @@
 import Foundation
 import OnboardingAPI
+import Synchronization
 import Testing
 
 @testable import ChaosTest
@@ -8,16 +9,17 @@ import Testing
     let services = ["auth", "profile", "image-upload", "onboarding-orchestrator"]
 
     @Test func theSameSeedMakesTheSameChoices() {
-        let first = RunPlan.make(seed: 42, nonce: "0000abcd", people: 500, kills: 3, services: services)
-        let second = RunPlan.make(seed: 42, nonce: "0000abcd", people: 500, kills: 3, services: services)
+        let first = RunPlan.make(seed: 42, nonce: "0000abcd", people: 500, faults: FaultCounts(), services: services)
+        let second = RunPlan.make(seed: 42, nonce: "0000abcd", people: 500, faults: FaultCounts(), services: services)
         #expect(first.people == second.people)
-        #expect(first.killPoints == second.killPoints)
-        let other = RunPlan.make(seed: 43, nonce: "0000abcd", people: 500, kills: 3, services: services)
+        #expect(first.faults == second.faults)
+        let other = RunPlan.make(seed: 43, nonce: "0000abcd", people: 500, faults: FaultCounts(), services: services)
         #expect(other.people.map(\.setsUp) != first.people.map(\.setsUp))
+        #expect(other.faults != first.faults)
     }
 
     @Test func usernamesAreValidAndUnique() {
-        let plan = RunPlan.make(seed: 7, nonce: "12345678", people: 5_000, kills: 0, services: services)
+        let plan = RunPlan.make(seed: 7, nonce: "12345678", people: 5_000, faults: .killsOnly(0), services: services)
         let names = plan.people.compactMap(\.username)
         #expect(Set(names.map(UsernameRules.uniquenessKey)).count == names.count)
         for name in names {
@@ -26,7 +28,7 @@ import Testing
             #expect(name.allSatisfy { $0.isLowercase || $0.isNumber || $0 == "_" })
         }
         // Another run's nonce gives other names.
-        let other = RunPlan.make(seed: 7, nonce: "87654321", people: 5_000, kills: 0, services: services)
+        let other = RunPlan.make(seed: 7, nonce: "87654321", people: 5_000, faults: .killsOnly(0), services: services)
         #expect(Set(other.people.compactMap(\.username)).isDisjoint(with: names))
     }
 
@@ -34,7 +36,7 @@ import Testing
         let plan = RunPlan.make(
             seed: 1, nonce: "00000001", people: 10_000,
             shares: .init(setUp: 0.8, image: 0.5, withdraw: 0.4, twoDevices: 0.3, checks: 0.5, endSignedOut: 0.25),
-            kills: 0, services: services)
+            faults: .killsOnly(0), services: services)
         let setUp = plan.people.filter(\.setsUp).count
         let withImage = plan.people.filter(\.withImage).count
         let withdraws = plan.people.filter(\.withdraws).count
@@ -52,7 +54,8 @@ import Testing
     }
 
     @Test func killsAreSpreadOverTheDrive() {
-        let plan = RunPlan.make(seed: 9, nonce: "00000009", people: 10, kills: 3, services: services)
+        let plan = RunPlan.make(seed: 9, nonce: "00000009", people: 10, faults: .killsOnly(3), services: services)
+        #expect(plan.faults.count == 12)
         for service in services {
             let points = plan.killPoints[service] ?? []
             #expect(points.count == 3)
@@ -63,6 +66,46 @@ import Testing
                 #expect(abs(point - Double(k + 1) / 4) <= 0.25 / 3 + 1e-9)
             }
         }
+    }
+}
+
+extension RunPlanTests {
+    @Test func theLongFormPlansEveryKindOfFault() {
+        let counts = FaultCounts(
+            killsPerService: 3, hangsPerService: 2, hangMilliseconds: 2_000...4_000, doubleKills: 2, systemRestarts: 2)
+        let plan = RunPlan.make(seed: 11, nonce: "0000000b", people: 5_000, faults: counts, services: services)
+        #expect(plan.faults.count == 12 + 8 + 2 + 2)
+        #expect(plan.faults.map(\.point) == plan.faults.map(\.point).sorted())
+        #expect(plan.faults.allSatisfy { (0.02...0.95).contains($0.point) })
+        var hangs: [String: [Bool]] = [:]
+        var pairs: [[String]] = []
+        var signals: [PlannedFault.StopSignal] = []
+        for fault in plan.faults {
+            switch fault.kind {
+            case .kill: break
+            case .hang(let service, let milliseconds, let afterSetUp):
+                #expect((2_000...4_000).contains(milliseconds))
+                hangs[service, default: []].append(afterSetUp)
+            case .killTwo(let first, let second):
+                #expect(first != second)
+                #expect(services.firstIndex(of: first)! < services.firstIndex(of: second)!)
+                pairs.append([first, second])
+            case .restartAll(let signal): signals.append(signal)
+            }
+        }
+        #expect(plan.killPoints.mapValues(\.count) == Dictionary(uniqueKeysWithValues: services.map { ($0, 3) }))
+        // Two hangs of each service, the first of them right after a set-up begins.
+        #expect(Set(hangs.keys) == Set(services))
+        #expect(hangs.values.allSatisfy { $0.count == 2 && $0.filter { $0 }.count == 1 })
+        #expect(pairs.count == 2)
+        #expect(signals == [.term, .kill])
+        #expect(PlannedFault(.restartAll(signal: .term), at: 0.5).services(all: services) == services)
+        #expect(PlannedFault(.killTwo("auth", "profile"), at: 0.5).services(all: services) == ["auth", "profile"])
+    }
+
+    @Test func noFaultsWhenEveryCountIsZero() {
+        let counts = FaultCounts(killsPerService: 0, hangsPerService: 0, doubleKills: 0, systemRestarts: 0)
+        #expect(RunPlan.make(seed: 3, nonce: "00000003", people: 100, faults: counts, services: services).faults.isEmpty)
     }
 }
 
@@ -497,5 +540,49 @@ import Testing
         #expect(doubled.isDoubled && !doubled.isLost)
         let lost = LostPerson(uid: uid, plan: doubled.plan, problems: [Finding(.noDismiss, "none")])
         #expect(lost.isLost && !lost.isDoubled)
+    }
+}
+
+@Suite struct FaultCoordinationTests {
+    @Test func aFaultWaitsForEveryServiceItTouches() async {
+        let locks = FaultLocks()
+        let log = Mutex<[String]>([])
+        await locks.acquire(["profile"])
+        async let both: Void = {
+            await locks.acquire(["auth", "profile"])
+            log.withLock { $0.append("auth + profile") }
+            locks.release(["auth", "profile"])
+        }()
+        // A disjoint fault goes ahead at once.
+        await locks.acquire(["image-upload"])
+        log.withLock { $0.append("image-upload") }
+        locks.release(["image-upload"])
+        log.withLock { $0.append("profile released") }
+        locks.release(["profile"])
+        await both
+        #expect(log.withLock { $0 } == ["image-upload", "profile released", "auth + profile"])
+    }
+
+    @Test func theDriveWaitsForFaultsDueBeforeIt() async {
+        let progress = FaultProgress(thresholds: [10, 20])
+        await progress.waitUntilFired(upTo: 9)  // nothing is due yet
+        let log = Mutex<[String]>([])
+        async let held: Void = {
+            await progress.waitUntilFired(upTo: 15)
+            log.withLock { $0.append("person started") }
+        }()
+        log.withLock { $0.append("fault 0 fires") }
+        progress.fired(0)
+        await held
+        #expect(log.withLock { $0 } == ["fault 0 fires", "person started"])
+        // The end of the drive lets everyone go.
+        progress.release()
+        await progress.waitUntilFired(upTo: 100)
+    }
+
+    @Test func thresholdsFollowTheShareOfPeopleDone() {
+        #expect(FaultScheduler.threshold(0.5, total: 200) == 100)
+        #expect(FaultScheduler.threshold(0.001, total: 200) == 1)
+        #expect(FaultScheduler.threshold(0.95, total: 10) == 10)
     }
 }
