@@ -1,4 +1,3 @@
-import Dispatch
 import Foundation
 import Messaging
 import OnboardingAPI
@@ -28,12 +27,16 @@ public struct FaultReport: Sendable, Hashable {
     public init(fault: PlannedFault) { self.fault = fault }
 }
 
+/// The pipe the signal handler writes the signal's number to (the self-pipe trick: writing is
+/// async-signal-safe; everything else happens on a thread of its own). -1 until installed.
+nonisolated(unsafe) private var signalPipeWrite: Int32 = -1
+
 /// Processes this tool has SIGSTOPped and not yet resumed: every one of them gets SIGCONT, when
 /// its hang ends, at the end of the run, and when the tool is interrupted (SIGINT, SIGTERM,
 /// SIGHUP; see ``installSignalHandlers()``).
 enum StoppedProcesses {
     private static let pids = Mutex<Set<Int32>>([])
-    private static let sources = Mutex<[any DispatchSourceSignal]>([])
+    private static let installed = Mutex(false)
 
     /// Stops `pid` (recorded first, so an interruption at any moment resumes it).
     static func stop(_ pid: Int32) -> Bool {
@@ -57,21 +60,35 @@ enum StoppedProcesses {
     }
 
     /// On SIGINT, SIGTERM or SIGHUP: resume every stopped service, then die of the signal as
-    /// usual. The signals are taken by dispatch sources (a queue, not a signal handler), so the
-    /// resuming code may lock and allocate.
+    /// usual. The handler only writes the signal's number to a pipe; a thread of its own reads
+    /// it, resumes the services (locks and all) and re-raises the signal with its default action.
     static func installSignalHandlers() {
-        sources.withLock { sources in
-            guard sources.isEmpty else { return }
-            for number in [SIGINT, SIGTERM, SIGHUP] {
-                signal(number, SIG_IGN)
-                let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-                source.setEventHandler {
-                    resumeAll()
-                    signal(number, SIG_DFL)
-                    raise(number)
-                }
-                source.resume()
-                sources.append(source)
+        guard installed.withLock({ let was = $0; $0 = true; return !was }) else { return }
+        var ends: [Int32] = [-1, -1]
+        guard pipe(&ends) == 0 else { return }
+        let readEnd = ends[0]
+        signalPipeWrite = ends[1]
+        let watcher = Thread {
+            var number: UInt8 = 0
+            while read(readEnd, &number, 1) != 1 {}  // again after EINTR
+            resumeAll()
+            // Die of the signal, as without this handler. This thread inherited the mask of the
+            // thread that made it (Swift's pool threads block most signals): unblock it first.
+            let signalNumber = Int32(number)
+            signal(signalNumber, SIG_DFL)
+            var unblock = sigset_t()
+            sigemptyset(&unblock)
+            sigaddset(&unblock, signalNumber)
+            pthread_sigmask(SIG_UNBLOCK, &unblock, nil)
+            raise(signalNumber)
+            _exit(128 + signalNumber)
+        }
+        watcher.name = "onboarding-chaos signals"
+        watcher.start()
+        for number in [SIGINT, SIGTERM, SIGHUP] {
+            signal(number) { number in
+                var byte = UInt8(truncatingIfNeeded: number)
+                _ = write(signalPipeWrite, &byte, 1)
             }
         }
     }
