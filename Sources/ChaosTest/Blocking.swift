@@ -60,7 +60,7 @@ enum Processes {
     }
 }
 
-/// Counts people as they finish, and lets killers wait for a point in the drive.
+/// Counts people as they finish, and lets faults wait for a point in the drive.
 final class ProgressGate: Sendable {
     private struct State {
         var completed = 0

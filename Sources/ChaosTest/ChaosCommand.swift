@@ -9,14 +9,22 @@ import OnboardingAPI
 public struct ChaosCommand: AsyncParsableCommand {
     public static let configuration = CommandConfiguration(
         commandName: "onboarding-chaos",
-        abstract: "Drive simulated people through onboarding while SIGKILLing every service, then check that nothing was lost.",
+        abstract: "Drive simulated people through onboarding while killing, hanging and restarting the services, then check that nothing was lost or doubled.",
         discussion: """
             Each person signs in, sets up a profile (most of them; half with an image), signs out, signs in again, \
-            asks "check me now" and withdraws (some of them). Meanwhile each service is killed --kills times at random \
-            points of the drive; compose's supervise loop restarts it. At the end the tool checks the stores (SQLite \
-            files read-only, the image folders), the route intents it recorded from route. (plus events.after) and the \
-            route state (onboarding.routes) until everything holds or --settle-timeout passes, and prints its counts. \
-            Exit status 1 when a person is lost, could not finish, or a planned kill did not happen.
+            asks "check me now" and withdraws, ends signed out or stays signed in. Some sign in on two devices (one \
+            signs out while the other stays); some apps send "check me now" whenever Home appears (after each sign-in, \
+            while the set-up is in flight, racing a sign-out). \
+            Meanwhile, at random points of the drive: each service is SIGKILLed --kills times and hung (SIGSTOP, then \
+            SIGCONT) --hangs times, every other hang right after a set-up was sent; two services are SIGKILLed at once \
+            --double-kills times; every service is stopped at once --system-restarts times (SIGTERM, then SIGKILL, \
+            alternating). compose's supervise loop restarts what dies, on the same data. A stopped service always gets \
+            SIGCONT, also when this tool is interrupted. \
+            At the end the tool checks the stores (SQLite files read-only, the image folders), the route intents it \
+            recorded from route. (plus events.after) and the route state (onboarding.routes) until everything holds or \
+            --settle-timeout passes, and prints its counts. Exit status 1 when a person is lost (a rule broken: the \
+            intent in force disagrees with the stores, a dismiss is missing, …), got a decision twice (two dismiss, or \
+            two presentProfileSetup, for one state change), could not finish, or a planned fault did not happen.
 
             Run it against a system started by ./compose/onboarding up, or let ./compose/onboarding chaos start a fresh \
             one, run it and stop it.
@@ -26,9 +34,19 @@ public struct ChaosCommand: AsyncParsableCommand {
     var people = 1000
     @Option(help: "How many people are in the middle of their journey at once.")
     var concurrency = 64
-    @Option(help: "How many times each service is SIGKILLed during the drive (0: no kills).")
+    @Option(help: "How many times each service is SIGKILLed during the drive (0: none).")
     var kills = 3
-    @Option(help: "The seed of the run's choices (who sets up, who withdraws, when each kill happens). Default: random; it is printed.")
+    @Option(help: "How many times each service hangs during the drive: SIGSTOP, then SIGCONT after --hang-min-ms to --hang-max-ms; every other hang starts right after a set-up was sent (0: none).")
+    var hangs = 2
+    @Option(help: "The shortest hang, in milliseconds.")
+    var hangMinMs = 2_000
+    @Option(help: "The longest hang, in milliseconds.")
+    var hangMaxMs = 4_000
+    @Option(help: "How many times two services (a random pair) are SIGKILLed at once (0: none).")
+    var doubleKills = 2
+    @Option(help: "How many times the whole system stops and starts on the same data: every service signalled at once, the first time with SIGTERM, then SIGKILL, alternating (0: none).")
+    var systemRestarts = 2
+    @Option(help: "The seed of the run's choices (who sets up, who withdraws, which fault happens when). Default: random; it is printed.")
     var seed: UInt64?
     @Option(help: "The share of people who set up a profile, in percent.")
     var setUpPercent = 80
@@ -36,6 +54,12 @@ public struct ChaosCommand: AsyncParsableCommand {
     var imagePercent = 50
     @Option(help: "The share of people who withdraw at the end, in percent.")
     var withdrawPercent = 40
+    @Option(help: "The share of people who sign in on a second device while the first is signed in, in percent.")
+    var twoDevicePercent = 30
+    @Option(help: "The share of people whose app sends \"check me now\" whenever Home appears (after each sign-in, during the set-up, racing a sign-out), in percent. Every app checks once before the end of the journey.")
+    var checkPercent = 50
+    @Option(help: "The share of people who do not withdraw and end signed out on every device, in percent (the others stay signed in).")
+    var signOutPercent = 25
     @Option(help: "An image file every set-up with an image sends (such as compose/sample.png). Default: a small PNG of each person's own.")
     var image: String?
 
@@ -63,7 +87,7 @@ public struct ChaosCommand: AsyncParsableCommand {
     var personTimeout = 180
     @Option(help: "How long to wait at the end for the system to converge, in seconds.")
     var settleTimeout = 60
-    @Option(help: "How long a killed service may take to come back, in seconds.")
+    @Option(help: "How long a killed service may take to come back (or a hung one to answer after SIGCONT), in seconds.")
     var recoveryTimeout = 120
 
     public init() {}
@@ -71,8 +95,16 @@ public struct ChaosCommand: AsyncParsableCommand {
     public func validate() throws {
         guard people >= 1 else { throw ValidationError("--people must be at least 1.") }
         guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1.") }
-        guard kills >= 0 else { throw ValidationError("--kills must be 0 or more.") }
-        for (name, value) in [("--set-up-percent", setUpPercent), ("--image-percent", imagePercent), ("--withdraw-percent", withdrawPercent)] {
+        for (name, value) in [("--kills", kills), ("--hangs", hangs), ("--double-kills", doubleKills), ("--system-restarts", systemRestarts)] {
+            guard value >= 0 else { throw ValidationError("\(name) must be 0 or more.") }
+        }
+        guard hangMinMs >= 1, hangMaxMs >= hangMinMs else {
+            throw ValidationError("--hang-min-ms must be at least 1, and --hang-max-ms at least --hang-min-ms.")
+        }
+        for (name, value) in [
+            ("--set-up-percent", setUpPercent), ("--image-percent", imagePercent), ("--withdraw-percent", withdrawPercent),
+            ("--two-device-percent", twoDevicePercent), ("--check-percent", checkPercent), ("--sign-out-percent", signOutPercent),
+        ] {
             guard (0...100).contains(value) else { throw ValidationError("\(name) must be from 0 to 100.") }
         }
         guard timeoutMs >= 10, personTimeout >= 1, settleTimeout >= 0, recoveryTimeout >= 1 else {
@@ -87,6 +119,8 @@ public struct ChaosCommand: AsyncParsableCommand {
             return handler
         }
         let configuration = try await makeConfiguration()
+        // A service this tool SIGSTOPped gets SIGCONT even when the tool is interrupted.
+        StoppedProcesses.installSignalHandlers()
         let summary: ChaosSummary
         do {
             summary = try await ChaosRun(configuration: configuration, output: Self.line).run()
@@ -135,11 +169,15 @@ public struct ChaosCommand: AsyncParsableCommand {
         }
         var seedGenerator = SystemRandomNumberGenerator()
         return ChaosConfiguration(
-            people: people, concurrency: concurrency, killsPerService: kills,
+            people: people, concurrency: concurrency,
+            faults: FaultCounts(
+                killsPerService: kills, hangsPerService: hangs, hangMilliseconds: hangMinMs...hangMaxMs,
+                doubleKills: doubleKills, systemRestarts: systemRestarts),
             seed: seed ?? UInt64.random(in: 1...999_999_999, using: &seedGenerator),
             shares: RunPlan.Shares(
                 setUp: Double(setUpPercent) / 100, image: Double(imagePercent) / 100,
-                withdraw: Double(withdrawPercent) / 100),
+                withdraw: Double(withdrawPercent) / 100, twoDevices: Double(twoDevicePercent) / 100,
+                checks: Double(checkPercent) / 100, endSignedOut: Double(signOutPercent) / 100),
             endpoints: endpoints,
             stores: StoreLocations(
                 authDatabase: path(authDatabase, env: "ONBOARDING_AUTH_DATABASE", "auth.sqlite"),

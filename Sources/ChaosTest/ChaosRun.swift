@@ -9,8 +9,8 @@ public struct ChaosConfiguration: Sendable {
     public var people: Int
     /// How many people are in the middle of their journey at once.
     public var concurrency: Int
-    /// SIGKILLs per service during the drive.
-    public var killsPerService: Int
+    /// The faults inflicted during the drive: SIGKILLs, hangs, two services at once, whole-system restarts.
+    public var faults: FaultCounts
     public var seed: UInt64
     public var shares: RunPlan.Shares
     public var endpoints: ChaosEndpoints
@@ -32,14 +32,14 @@ public struct ChaosConfiguration: Sendable {
     public var image: Data?
 
     public init(
-        people: Int, concurrency: Int, killsPerService: Int, seed: UInt64, shares: RunPlan.Shares = .init(),
+        people: Int, concurrency: Int, faults: FaultCounts, seed: UInt64, shares: RunPlan.Shares = .init(),
         endpoints: ChaosEndpoints, stores: StoreLocations, runDirectory: String, serviceToken: String?,
         requestTimeout: Duration = .seconds(3), personTimeout: Duration = .seconds(180),
         settleTimeout: Duration = .seconds(60), recoveryTimeout: Duration = .seconds(120), image: Data? = nil
     ) {
         self.people = people
         self.concurrency = concurrency
-        self.killsPerService = killsPerService
+        self.faults = faults
         self.seed = seed
         self.shares = shares
         self.endpoints = endpoints
@@ -63,9 +63,12 @@ public struct ChaosSetupError: Error, CustomStringConvertible {
 public struct ChaosSummary: Sendable {
     public var plan: RunPlan
     public var outcomes: [PersonOutcome]
-    public var lost: [LostPerson]
-    public var kills: [KillReport]
+    /// Everyone whose traces break a rule: lost, doubled or both.
+    public var inconsistent: [LostPerson]
+    public var faults: [FaultReport]
     public var recording: RecorderCounts
+    /// Each person's deliveries, in ``order`` (for the report file).
+    public var intentsByUID: [String: [RecordedIntent]] = [:]
     public var order: RouteRecording.Order
     /// How the replay went, or why it could not be used.
     public var replay: FillResult
@@ -85,15 +88,29 @@ public struct ChaosSummary: Sendable {
     public var settleRounds: Int
 
     public var unfinished: [PersonOutcome] { outcomes.filter { !$0.finished } }
-    public var killsShort: Bool { kills.contains { $0.kills < $0.planned } }
-    public var passed: Bool { lost.isEmpty && unfinished.isEmpty && runProblems.isEmpty && !killsShort }
+    /// People a rule other than a doubling one fails for.
+    public var lost: [LostPerson] { inconsistent.filter(\.isLost) }
+    /// People who got a decision twice for one state change.
+    public var doubled: [LostPerson] { inconsistent.filter(\.isDoubled) }
+    /// Decisions beyond one per state change, over everyone.
+    public var doubledIntents: DoubledIntents {
+        doubled.reduce(into: DoubledIntents()) {
+            $0.dismiss += $1.doubled.dismiss
+            $0.presentProfileSetup += $1.doubled.presentProfileSetup
+        }
+    }
+    /// Faults that did not happen, or after which a service did not come back.
+    public var faultsFailed: [FaultReport] { faults.filter { !$0.happened || !$0.problems.isEmpty } }
+    public var passed: Bool {
+        inconsistent.isEmpty && unfinished.isEmpty && runProblems.isEmpty && faultsFailed.isEmpty
+    }
 }
 
 public struct RouteStateUnavailable: Error, Sendable, Hashable {
     public var reason: String
 }
 
-/// One chaos run: the recorder, the people, the killers, then the checks.
+/// One chaos run: the recorder, the people, the faults, then the checks.
 public struct ChaosRun: Sendable {
     public let configuration: ChaosConfiguration
     /// Where progress lines go (standard output in the command).
@@ -129,24 +146,24 @@ public struct ChaosRun: Sendable {
         let targets = ServiceTarget.all(configuration.endpoints)
         let plan = RunPlan.make(
             seed: configuration.seed, nonce: RunPlan.makeNonce(), people: configuration.people,
-            shares: configuration.shares, kills: configuration.killsPerService, services: targets.map(\.name))
+            shares: configuration.shares, faults: configuration.faults, services: targets.map(\.name))
         output(Report.header(configuration, plan: plan))
 
-        // Every service must answer, and (to kill them) run under compose's supervise loop.
+        // Every service must answer, and (to inflict faults) run under compose's supervise loop.
         try await waitUntilHealthy(targets, caller: caller, within: min(configuration.recoveryTimeout, .seconds(30)), say: say)
-        let killers = targets.map {
-            ServiceKiller(
-                target: $0, runDirectory: configuration.runDirectory, caller: caller,
-                recoveryTimeout: configuration.recoveryTimeout, say: say)
-        }
-        if configuration.killsPerService > 0 {
-            for killer in killers where await killer.currentPID() == nil {
+        if !plan.faults.isEmpty {
+            for target in targets {
+                let process = ServiceProcess(target: target, runDirectory: configuration.runDirectory)
+                guard await process.currentPID() == nil else { continue }
                 throw ChaosSetupError(
-                    description: "no live \(killer.target.program) in \(killer.pidFile): the killer needs compose's pid files. "
+                    description: "no live \(target.program) in \(process.pidFile): faults need compose's pid files. "
                         + "Run the system with ./compose/onboarding up (or use ./compose/onboarding chaos), "
-                        + "point --data-dir or --run-dir at its data, or pass --kills 0.")
+                        + "point --data-dir or --run-dir at its data, or pass --kills 0 --hangs 0 --double-kills 0 --system-restarts 0.")
             }
         }
+        let scheduler = FaultScheduler(
+            targets: targets, runDirectory: configuration.runDirectory, caller: caller,
+            recoveryTimeout: configuration.recoveryTimeout, say: say)
 
         let recorder = RouteRecorder()
         let messages = try await bus.subscribe(
@@ -161,14 +178,16 @@ public struct ChaosRun: Sendable {
                     description: "a probe person could not sign in or withdraw before the drive: \(PersonDriver.describe(error))")
             }
 
-            // The drive, with the killers alongside.
+            // The drive, with the faults alongside.
             let driveStarted = clock.now
-            let (outcomes, kills) = await drive(plan: plan, caller: caller, killers: killers, say: say)
+            let (outcomes, faults) = await drive(plan: plan, caller: caller, scheduler: scheduler, say: say)
+            // A safety net: every hang resumes its process itself.
+            StoppedProcesses.resumeAll()
             let driveTime = driveStarted.duration(to: clock.now)
             let finished = outcomes.filter(\.finished).count
-            say("drive over in \(Report.seconds(driveTime)): \(finished) of \(outcomes.count) people finished; killing stopped")
+            say("drive over in \(Report.seconds(driveTime)): \(finished) of \(outcomes.count) people finished; faults over")
 
-            var runProblems = kills.flatMap(\.problems)
+            var runProblems: [String] = []
             do {
                 try await waitUntilHealthy(targets, caller: caller, within: configuration.recoveryTimeout, say: say)
             } catch {
@@ -190,16 +209,19 @@ public struct ChaosRun: Sendable {
                 let states = await routeStates(caller: caller, until: callDeadline)
                 let stores = await StoreInspector.snapshot(of: configuration.stores, uids: uids)
                 let recording = recorder.snapshot()
-                let lost = Verdict.lost(in: Evidence(
+                let inconsistent = Verdict.lost(in: Evidence(
                     people: outcomes, stores: stores, recording: recording, routeStates: try? states.get()))
+                // A doubled decision stays doubled: waiting longer cannot mend it.
+                let lost = inconsistent.filter(\.isLost)
                 let consistent = lost.isEmpty && stores.problems.isEmpty
                 if consistent || clock.now >= settleDeadline {
                     var summary = ChaosSummary(
-                        plan: plan, outcomes: outcomes, lost: lost, kills: kills, recording: recording.counts,
+                        plan: plan, outcomes: outcomes, inconsistent: inconsistent, faults: faults, recording: recording.counts,
                         order: recording.order, replay: replay, routeState: states.map(\.count),
                         runProblems: runProblems + stores.problems, uidsBySubject: stores.accountBySubject,
                         droppedByBus: bus.statistics.droppedEvents, elapsed: started.duration(to: clock.now),
                         driveTime: driveTime, settleTime: settleStarted.duration(to: clock.now), settleRounds: round)
+                    summary.intentsByUID = recording.intentsByUID
                     summary.feeds = (try? await caller.call(
                         HealthCheck(), to: configuration.endpoints.orchestratorRPC, until: callDeadline).feeds) ?? []
                     say(consistent ? "consistent after \(round) check\(round == 1 ? "" : "s")" : "settle time is up")
@@ -217,48 +239,61 @@ public struct ChaosRun: Sendable {
         }
     }
 
-    /// Drives every person, `concurrency` at a time, while the killers kill.
+    /// Drives every person, `concurrency` at a time, while the faults happen.
     private func drive(
-        plan: RunPlan, caller: RetryingCaller, killers: [ServiceKiller], say: @escaping @Sendable (String) -> Void
-    ) async -> ([PersonOutcome], [KillReport]) {
+        plan: RunPlan, caller: RetryingCaller, scheduler: FaultScheduler, say: @escaping @Sendable (String) -> Void
+    ) async -> ([PersonOutcome], [FaultReport]) {
         enum Finished: Sendable {
             case people([PersonOutcome])
-            case killer(KillReport)
+            case faults([FaultReport])
         }
         let configuration = self.configuration
-        let driver = PersonDriver(
+        let setUps = SetUpSignal()
+        var driver = PersonDriver(
             caller: caller, endpoints: configuration.endpoints, personTimeout: configuration.personTimeout,
             image: { [image = configuration.image] index in image ?? PNG.pixel(index: index) })
+        driver.setUpStarted = { setUps.started() }
         let gate = ProgressGate()
         let total = plan.people.count
-        return await withTaskGroup(of: Finished.self) { group in
-            for (offset, killer) in killers.enumerated() where configuration.killsPerService > 0 {
-                let points = plan.killPoints[killer.target.name] ?? []
-                let seed = plan.seed &+ UInt64(offset + 1) &* 0x9E37_79B9_7F4A_7C15
-                group.addTask { .killer(await killer.run(points: points, total: total, gate: gate, seed: seed)) }
+        let progress = FaultProgress(thresholds: plan.faults.map { FaultScheduler.threshold($0.point, total: total) })
+        // A person starts only once the faults planned for about half a batch of people earlier
+        // have begun, so a fault that waits for another one still hits a system under load.
+        let lead = max(1, configuration.concurrency / 2)
+        return await withTaskGroup(of: Finished.self) { [driver] group in
+            group.addTask {
+                .faults(await scheduler.run(
+                    plan.faults, total: total, gate: gate, progress: progress, setUps: setUps, seed: plan.seed))
             }
             group.addTask {
                 var outcomes: [PersonOutcome] = []
                 outcomes.reserveCapacity(total)
                 await withTaskGroup(of: PersonOutcome.self) { people in
+                    // Each person counts themselves done, so faults waiting for a point of the
+                    // drive see it even while this loop waits to start the next person.
+                    func start(_ person: PersonPlan) {
+                        people.addTask {
+                            let outcome = await driver.run(person)
+                            gate.complete()
+                            return outcome
+                        }
+                    }
                     var next = 0
                     while next < min(configuration.concurrency, total) {
-                        let person = plan.people[next]
-                        people.addTask { await driver.run(person) }
+                        start(plan.people[next])
                         next += 1
                     }
                     var tenth = 0
                     while let outcome = await people.next() {
                         outcomes.append(outcome)
-                        let done = gate.complete()
+                        let done = outcomes.count
                         if done * 10 / total > tenth {
                             tenth = done * 10 / total
                             let stopped = outcomes.count(where: { !$0.finished })
                             say("\(done) of \(total) people done\(stopped > 0 ? " (\(stopped) could not finish)" : "")")
                         }
                         if next < total {
-                            let person = plan.people[next]
-                            people.addTask { await driver.run(person) }
+                            await progress.waitUntilFired(upTo: next - lead)
+                            start(plan.people[next])
                             next += 1
                         }
                     }
@@ -266,19 +301,18 @@ public struct ChaosRun: Sendable {
                 return .people(outcomes)
             }
             var outcomes: [PersonOutcome] = []
-            var kills: [KillReport] = []
+            var faults: [FaultReport] = []
             for await finished in group {
                 switch finished {
                 case .people(let people):
                     outcomes = people
                     gate.finish()
-                case .killer(let report): kills.append(report)
+                    progress.release()
+                case .faults(let reports): faults = reports
                 }
             }
             outcomes.sort { $0.plan.index < $1.plan.index }
-            let order = killers.map(\.target.name)
-            kills.sort { (order.firstIndex(of: $0.service) ?? 0) < (order.firstIndex(of: $1.service) ?? 0) }
-            return (outcomes, kills)
+            return (outcomes, faults)
         }
     }
 

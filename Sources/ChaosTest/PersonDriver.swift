@@ -27,11 +27,13 @@ public struct ChaosEndpoints: Sendable, Hashable {
 public enum JourneyStep: String, Sendable, Hashable {
     case signIn = "sign-in"
     case awaitSetUpIntent = "wait for presentProfileSetup"
+    case check = "check"
+    case signInSecondDevice = "sign-in on the second device"
     case setUp = "set-up"
     case signOut = "sign-out"
     case signInAgain = "sign-in again"
-    case check = "check"
     case withdraw = "withdraw"
+    case signOutAtEnd = "sign-out at the end"
 }
 
 /// What one person did, and what looked wrong while they did it.
@@ -59,13 +61,18 @@ public struct PersonOutcome: Sendable {
     public var notes: [String] = []
     /// Attempts that failed with a transient error and were sent again.
     public var resends = 0
+    /// What the driver did for this person, in order.
+    public var deeds: [Deed] = []
 
     public init(plan: PersonPlan) { self.plan = plan }
 
     public var finished: Bool { stopped == nil }
+    public var timeline: Timeline { Timeline(deeds) }
 }
 
-/// Drives one person through sign-in, set-up, sign-out, sign-in again, check and withdrawal.
+/// Drives one person: sign-in (on one or two devices), set-up, sign-outs, sign-in again,
+/// "check me now" (once, or whenever Home would appear), then withdrawal, sign-out or staying
+/// signed in.
 struct PersonDriver: Sendable {
     let caller: RetryingCaller
     let endpoints: ChaosEndpoints
@@ -73,87 +80,234 @@ struct PersonDriver: Sendable {
     let personTimeout: Duration
     /// The image a set-up with an image sends, by person index.
     let image: @Sendable (Int) -> Data
+    /// Told just before each set-up is sent (some hangs start right after one).
+    var setUpStarted: @Sendable () -> Void = {}
+
+    /// The journey's state between steps.
+    private struct Journey {
+        var outcome: PersonOutcome
+        var random: SeededGenerator
+        let deadline: ContinuousClock.Instant
+        /// Live sessions by device.
+        var sessions: [Int: String] = [:]
+
+        /// Any signed-in device's session (the lowest device first).
+        var anySession: (device: Int, token: String)? {
+            sessions.keys.sorted().first.map { ($0, sessions[$0]!) }
+        }
+
+        mutating func chance(_ share: Double) -> Bool { Double.random(in: 0..<1, using: &random) < share }
+    }
 
     func run(_ plan: PersonPlan) async -> PersonOutcome {
-        var outcome = PersonOutcome(plan: plan)
-        let deadline = ContinuousClock.now.advanced(by: personTimeout)
+        var journey = Journey(
+            outcome: PersonOutcome(plan: plan), random: SeededGenerator(seed: plan.seed),
+            deadline: ContinuousClock.now.advanced(by: personTimeout))
         var step = JourneyStep.signIn
         do {
-            var log = CallLog()
-            let first = try await caller.call(
-                SignIn(provider: plan.provider, subject: plan.subject), to: endpoints.authRPC, until: deadline, log: &log)
-            outcome.resends += log.failures.count
-            outcome.uid = first.uid
-            if !first.isNewAccount {
-                if log.mayHaveActedBefore {
-                    outcome.notes.append("the first sign-in was resent after a timeout and found the account made")
-                } else {
-                    outcome.problems.append(Finding(.wrongAnswer, "the first sign-in of a new subject said isNewAccount: false"))
-                }
-            }
+            try await signIn(device: 0, first: true, &journey)
+            let firstUID = journey.outcome.uid
 
             // As an app does: the set-up sheet opens when the system says so. Asking for the intent
             // in force covers an intent sent before this person could have subscribed.
             step = .awaitSetUpIntent
-            try await awaitSetUpIntent(token: first.sessionToken, deadline: deadline)
+            try await awaitSetUpIntent(device: 0, &journey)
+            if plan.checksOften {
+                step = .check
+                try await check(device: 0, &journey)
+            }
+
+            if plan.devices > 1 {
+                // A second device signs in while the first is signed in: the same person, no new account.
+                step = .signInSecondDevice
+                try await signIn(device: 1, first: false, &journey)
+                if journey.outcome.uid != firstUID {
+                    journey.outcome.problems.append(Finding(
+                        .wrongAnswer, "the second device's sign-in gave uid \(journey.outcome.uid ?? "?"), not \(firstUID ?? "?")"))
+                }
+                if plan.checksOften {
+                    step = .check
+                    try await check(device: 1, &journey)
+                }
+            }
 
             if let username = plan.username {
                 step = .setUp
+                let device = plan.devices > 1 ? Int(journey.random.next() % 2) : 0
+                // An app that checks often asks while the set-up is in flight (Home reappears
+                // behind the sheet), from the other device when there is one.
+                let racing: Task<Deed?, Never>? =
+                    plan.checksOften
+                    ? racingCheck(
+                        device: plan.devices > 1 ? 1 - device : device, token: journey.sessions[plan.devices > 1 ? 1 - device : device]!,
+                        after: .milliseconds(Int(journey.random.next() % 300)), deadline: journey.deadline)
+                    : nil
                 try await setUp(
-                    username: username, image: plan.withImage ? image(plan.index) : nil, token: first.sessionToken,
-                    deadline: deadline, outcome: &outcome)
+                    username: username, image: plan.withImage ? image(plan.index) : nil, token: journey.sessions[device]!,
+                    deadline: journey.deadline, outcome: &journey.outcome)
+                journey.outcome.deeds.append(.setUp)
+                if let deed = await racing?.value { journey.outcome.deeds.append(deed) }
+                if plan.checksOften {
+                    step = .check
+                    try await check(device: device, &journey)
+                }
             }
 
             step = .signOut
-            try await end(SignOut(), token: first.sessionToken, deadline: deadline, outcome: &outcome)
-
-            step = .signInAgain
-            log = CallLog()
-            let again = try await caller.call(
-                SignIn(provider: plan.provider, subject: plan.subject), to: endpoints.authRPC, until: deadline, log: &log)
-            outcome.resends += log.failures.count
-            if again.uid != first.uid {
-                outcome.problems.append(Finding(.wrongAnswer, "signing in again gave uid \(again.uid), not \(first.uid)"))
+            var signedInAgain = false
+            if plan.devices > 1 {
+                // One device signs out while the other stays: nothing changes for the person.
+                let leaving = Int(journey.random.next() % 2)
+                try await signOut(device: leaving, &journey)
+                if plan.checksOften {
+                    step = .check
+                    try await check(device: 1 - leaving, &journey)
+                }
+                if journey.chance(0.5) {
+                    // Then the other one too, and the person signs in again on one of them.
+                    step = .signOut
+                    try await signOut(device: 1 - leaving, racingCheck: plan.checksOften && journey.chance(0.3), &journey)
+                    step = .signInAgain
+                    try await signIn(device: Int(journey.random.next() % 2), first: false, &journey)
+                    signedInAgain = true
+                }
+            } else {
+                try await signOut(device: 0, racingCheck: plan.checksOften && journey.chance(0.3), &journey)
+                step = .signInAgain
+                try await signIn(device: 0, first: false, &journey)
+                signedInAgain = true
             }
-            if again.isNewAccount {
-                outcome.problems.append(Finding(.wrongAnswer, "signing in again said isNewAccount: true"))
+            if signedInAgain {
+                if journey.outcome.uid != firstUID {
+                    journey.outcome.problems.append(Finding(
+                        .wrongAnswer, "signing in again gave uid \(journey.outcome.uid ?? "?"), not \(firstUID ?? "?")"))
+                }
+                if !journey.outcome.setUp {
+                    // A returning person without a profile is asked again (a new decision).
+                    step = .awaitSetUpIntent
+                    try await awaitSetUpIntent(device: journey.anySession!.device, &journey)
+                }
             }
 
+            // "Check me now", as every app does when Home appears.
             step = .check
-            log = CallLog()
-            let status = try await caller.call(
-                CheckOnboarding(), to: endpoints.orchestratorRPC, sessionToken: again.sessionToken, until: deadline,
-                log: &log)
-            outcome.resends += log.failures.count
-            if status.hasProfile != outcome.setUp {
-                outcome.problems.append(Finding(
-                    .wrongAnswer,
-                    "onboarding.check said hasProfile: \(status.hasProfile) \(outcome.setUp ? "after" : "without") a set-up"))
-            }
-            if !status.hasProfile, status.intent != .presentProfileSetup {
-                outcome.problems.append(Finding(
-                    .wrongAnswer, "onboarding.check found no profile but answered intent \(status.intent?.rawValue ?? "none")"))
-            }
+            try await check(device: journey.anySession!.device, &journey)
 
             if plan.withdraws {
                 step = .withdraw
-                try await end(Withdraw(), token: again.sessionToken, deadline: deadline, outcome: &outcome)
-                outcome.withdrew = true
+                let (device, token) = journey.anySession!
+                try await end(Withdraw(), token: token, deadline: journey.deadline, outcome: &journey.outcome)
+                journey.sessions[device] = nil
+                journey.outcome.withdrew = true
+                journey.outcome.deeds.append(.withdraw)
+            } else if plan.endsSignedOut {
+                step = .signOutAtEnd
+                while let (device, _) = journey.anySession {
+                    try await signOut(device: device, &journey)
+                }
             }
         } catch {
-            outcome.stopped = PersonOutcome.Stop(step: step, error: Self.describe(error))
+            journey.outcome.stopped = PersonOutcome.Stop(step: step, error: Self.describe(error))
         }
-        return outcome
+        return journey.outcome
+    }
+
+    /// Signs in on `device` and records its session. The first sign-in must make a new
+    /// account; every later one must find it.
+    private func signIn(device: Int, first: Bool, _ journey: inout Journey) async throws {
+        let plan = journey.outcome.plan
+        var log = CallLog()
+        let result = try await caller.call(
+            SignIn(provider: plan.provider, subject: plan.subject), to: endpoints.authRPC, until: journey.deadline, log: &log)
+        journey.outcome.resends += log.failures.count
+        journey.outcome.deeds.append(.signIn(device: device, uncertain: log.mayHaveActedBefore))
+        journey.sessions[device] = result.sessionToken
+        if first {
+            journey.outcome.uid = result.uid
+            if !result.isNewAccount {
+                if log.mayHaveActedBefore {
+                    journey.outcome.notes.append("the first sign-in was resent after a timeout and found the account made")
+                } else {
+                    journey.outcome.problems.append(Finding(.wrongAnswer, "the first sign-in of a new subject said isNewAccount: false"))
+                }
+            }
+        } else {
+            if result.isNewAccount {
+                journey.outcome.problems.append(Finding(.wrongAnswer, "signing in again (device \(device + 1)) said isNewAccount: true"))
+            }
+            if let uid = journey.outcome.uid, result.uid != uid {
+                journey.outcome.problems.append(Finding(
+                    .wrongAnswer, "signing in on device \(device + 1) gave uid \(result.uid), not \(uid)"))
+            }
+        }
+    }
+
+    /// Signs `device` out; with `racingCheck`, a "check me now" from the same device races it
+    /// (answered, or refused as unauthenticated once the session has ended).
+    private func signOut(device: Int, racingCheck racing: Bool = false, _ journey: inout Journey) async throws {
+        let token = journey.sessions[device]!
+        let check = racing ? racingCheck(device: device, token: token, after: .zero, deadline: journey.deadline) : nil
+        try await end(SignOut(), token: token, deadline: journey.deadline, outcome: &journey.outcome)
+        journey.sessions[device] = nil
+        if let deed = await check?.value { journey.outcome.deeds.append(deed) }
+        journey.outcome.deeds.append(.signOut(device: device))
+    }
+
+    /// "Check me now" from `device` while no step is in flight: the answer must agree with what
+    /// the driver knows (the profile exists exactly when a set-up was answered).
+    private func check(device: Int, _ journey: inout Journey) async throws {
+        var log = CallLog()
+        let status = try await caller.call(
+            CheckOnboarding(), to: endpoints.orchestratorRPC, sessionToken: journey.sessions[device]!,
+            until: journey.deadline, log: &log)
+        journey.outcome.resends += log.failures.count
+        journey.outcome.deeds.append(.check(device: device, hasProfile: status.hasProfile))
+        let setUp = journey.outcome.setUp
+        if status.hasProfile != setUp {
+            journey.outcome.problems.append(Finding(
+                .wrongAnswer, "onboarding.check said hasProfile: \(status.hasProfile) \(setUp ? "after" : "without") a set-up"))
+        }
+        if !status.hasProfile, status.intent != .presentProfileSetup {
+            journey.outcome.problems.append(Finding(
+                .wrongAnswer, "onboarding.check found no profile but answered intent \(status.intent?.rawValue ?? "none")"))
+        }
+        if status.hasProfile, let intent = status.intent {
+            journey.outcome.problems.append(Finding(.wrongAnswer, "onboarding.check found the profile but answered intent \(intent.rawValue)"))
+        }
+    }
+
+    /// "Check me now" sent `after` a pause while another step is in flight. Its answer is not
+    /// judged (either answer is right while a set-up races it); refusals are recorded too.
+    private func racingCheck(
+        device: Int, token: String, after pause: Duration, deadline: ContinuousClock.Instant
+    ) -> Task<Deed?, Never> {
+        Task { [caller, endpoints] in
+            do {
+                if pause > .zero { try await Task.sleep(for: pause) }
+                let status = try await caller.call(
+                    CheckOnboarding(), to: endpoints.orchestratorRPC, sessionToken: token, until: deadline)
+                return .racingCheck(device: device, answer: "hasProfile \(status.hasProfile)")
+            } catch is CancellationError {
+                return nil
+            } catch {
+                return .racingCheck(device: device, answer: Self.describe(error))
+            }
+        }
     }
 
     /// Asks `onboarding.intent` until `presentProfileSetup` is in force for the person.
-    private func awaitSetUpIntent(token: String, deadline: ContinuousClock.Instant) async throws {
+    private func awaitSetUpIntent(device: Int, _ journey: inout Journey) async throws {
         var pause = Duration.milliseconds(20)
+        let token = journey.sessions[device]!
         while true {
-            let state = try await caller.call(CurrentIntent(), to: endpoints.orchestratorRPC, sessionToken: token, until: deadline)
-            if state.intent?.intent == .presentProfileSetup { return }
-            guard ContinuousClock.now.advanced(by: pause) < deadline else {
-                throw ServiceError(.timeout, "presentProfileSetup never came into force for this new account")
+            let state = try await caller.call(
+                CurrentIntent(), to: endpoints.orchestratorRPC, sessionToken: token, until: journey.deadline)
+            if let intent = state.intent, intent.intent == .presentProfileSetup {
+                journey.outcome.deeds.append(.sawIntent(id: intent.intentId, kind: intent.intent))
+                return
+            }
+            guard ContinuousClock.now.advanced(by: pause) < journey.deadline else {
+                throw ServiceError(.timeout, "presentProfileSetup never came into force for this person without a profile")
             }
             try await Task.sleep(for: pause)
             pause = min(pause * 2, .milliseconds(500))
@@ -172,6 +326,7 @@ struct PersonDriver: Sendable {
             username: username, contentType: image == nil ? nil : "image/png", idempotencyKey: IdempotencyKey.make())
         var log = CallLog()
         var confirmations = 0
+        setUpStarted()
         while true {
             do {
                 let result = try await caller.call(

@@ -15,16 +15,73 @@ public enum Report {
         return String(repeating: " ", count: max(0, width - text.count - 1)) + text + "s"
     }
 
+    /// "3 SIGKILLs and 2 hangs of 2.0–4.0 s per service; 2 double kills; 2 whole-system restarts".
+    static func faultPlan(_ faults: FaultCounts) -> String {
+        func count(_ n: Int, _ one: String, _ many: String) -> String { "\(n) \(n == 1 ? one : many)" }
+        let hangs = String(format: "%.1f–%.1f s", Double(faults.hangMilliseconds.lowerBound) / 1000, Double(faults.hangMilliseconds.upperBound) / 1000)
+        return "\(count(faults.killsPerService, "SIGKILL", "SIGKILLs")) and \(count(faults.hangsPerService, "hang", "hangs")) (SIGSTOP \(hangs)) per service; "
+            + "\(count(faults.doubleKills, "double kill", "double kills")); \(count(faults.systemRestarts, "whole-system restart", "whole-system restarts"))"
+    }
+
     static func header(_ configuration: ChaosConfiguration, plan: RunPlan) -> String {
         let endpoints = configuration.endpoints
+        let shares = configuration.shares
+        func percent(_ share: Double) -> String { "\(Int((share * 100).rounded())) %" }
         return """
             onboarding-chaos: seed \(plan.seed) (repeat the run with --seed \(plan.seed)), run \(plan.nonce)
-              \(configuration.people) people, \(configuration.concurrency) at a time; \(configuration.killsPerService) SIGKILL\(configuration.killsPerService == 1 ? "" : "s") per service
+              \(configuration.people) people, \(configuration.concurrency) at a time: \(percent(shares.setUp)) set up (\(percent(shares.image)) of them with an image), \(percent(shares.withdraw)) withdraw, \(percent(shares.twoDevices)) on two devices, \(percent(shares.checks)) check often, \(percent(shares.endSignedOut)) of the rest end signed out
+              faults: \(faultPlan(configuration.faults))
               auth \(endpoints.authRPC)  profile \(endpoints.profileRPC)  image-upload \(endpoints.imageRPC)
               orchestrator \(endpoints.orchestratorRPC)  routes \(endpoints.routes)
               stores \(configuration.stores.authDatabase), \(configuration.stores.profileDatabase), \(configuration.stores.imageDirectory)/
               pid files \(configuration.runDirectory)/<service>.pid
             """
+    }
+
+    /// The summary rows of the faults that happened.
+    static func faultRows(_ faults: [FaultReport]) -> [(String, String)] {
+        var kills: [String: Int] = [:]
+        var hangs: [String: Int] = [:]
+        var order: [String] = []
+        var hangLengths: [Duration] = []
+        var hangsAfterSetUp = 0
+        var pairs: [String] = []
+        var restarts: [String] = []
+        var late = 0
+        for report in faults where report.happened {
+            if report.afterDrive { late += 1 }
+            switch report.fault.kind {
+            case .kill(let service):
+                kills[service, default: 0] += 1
+                if !order.contains(service) { order.append(service) }
+            case .hang(let service, _, let afterSetUp):
+                hangs[service, default: 0] += 1
+                if !order.contains(service) { order.append(service) }
+                if let took = report.took { hangLengths.append(took) }
+                if afterSetUp { hangsAfterSetUp += 1 }
+            case .killTwo(let first, let second): pairs.append("\(first) + \(second)")
+            case .restartAll(let signal): restarts.append(signal.rawValue)
+            }
+        }
+        func perService(_ counts: [String: Int]) -> String {
+            order.compactMap { name in counts[name].map { "\(name) \($0)" } }.joined(separator: ", ")
+        }
+        var rows: [(String, String)] = []
+        rows.append(("kills", kills.isEmpty ? "none" : "\(perService(kills))  (SIGKILL, one service)"))
+        if hangLengths.isEmpty {
+            rows.append(("hangs", "none"))
+        } else {
+            let shortest = hangLengths.min()!, longest = hangLengths.max()!
+            rows.append((
+                "hangs",
+                "\(perService(hangs))  (SIGSTOP \(seconds(shortest))–\(seconds(longest)), then SIGCONT; "
+                    + "\(hangsAfterSetUp) right after a set-up was sent)"))
+        }
+        rows.append(("two at once", pairs.isEmpty ? "none" : "\(pairs.count)  (SIGKILL \(pairs.joined(separator: "; ")))"))
+        rows.append((
+            "whole system", restarts.isEmpty ? "none" : "\(restarts.count)  (every service at once: \(restarts.joined(separator: ", ")))"))
+        if late > 0 { rows.append(("faults after the drive", "\(late)  (they waited for another fault of their services)")) }
+        return rows
     }
 
     /// The result: counts first, then what went wrong, person by person.
@@ -38,19 +95,21 @@ public enum Report {
         let counts = summary.recording
         lines.append("")
         lines.append("onboarding-chaos result (seed \(summary.plan.seed))")
+        let endedSignedOut = finished.filter { !$0.withdrew && !$0.timeline.signedInAtEnd }.count
         row(
             "people",
             "\(summary.outcomes.count)  (\(setUp.count) set up, \(setUp.filter(\.plan.withImage).count) with an image; "
-                + "\(finished.filter(\.withdrew).count) withdrew)")
+                + "\(finished.filter(\.withdrew).count) withdrew, \(endedSignedOut) ended signed out; "
+                + "\(summary.outcomes.filter { $0.plan.devices > 1 }.count) on two devices, "
+                + "\(summary.outcomes.filter(\.plan.checksOften).count) checked often)")
         row("could not finish", "\(summary.unfinished.count)")
+        for line in faultRows(summary.faults) { row(line.0, line.1) }
         row(
-            "kills",
-            summary.kills.isEmpty
-                ? "none"
-                : summary.kills.map { "\($0.service) \($0.kills)\($0.kills < $0.planned ? " of \($0.planned)" : "")" }
-                    .joined(separator: ", "))
-        row("intents recorded", "\(counts.intents)  (\(counts.intents - counts.filled) live, \(counts.filled) filled from events.after)")
-        row("duplicates delivered", "\(counts.duplicatesDelivered)  (an intentId delivered live more than once)")
+            "intents recorded",
+            "\(counts.intents) decisions (distinct intentIds) in \(counts.deliveries) deliveries (route sequences): "
+                + "\(counts.deliveries - counts.filled) live, \(counts.filled) filled from events.after")
+        row("repeats", "\(counts.repeats)  (the intent in force published again: same intentId, new route sequence)")
+        row("duplicates delivered", "\(counts.duplicatesDelivered)  (a route sequence delivered live more than once)")
         row(
             "deduplicated",
             "\(counts.deduplicated)  (dropped as already recorded: \(counts.duplicatesDelivered) live, "
@@ -60,11 +119,17 @@ public enum Report {
                 "orchestrator feed",
                 "\(feed.publisher): \(feed.handled) handled, \(feed.replayed) from events.after, \(feed.duplicatesDropped) duplicates dropped, \(feed.lost) lost (since its last start)")
         }
+        let byRule = Dictionary(grouping: summary.inconsistent.flatMap { Set($0.problems.map(\.rule)) }, by: { $0 })
+            .mapValues(\.count)
         row("lost", "\(summary.lost.count)")
-        let byRule = Dictionary(grouping: summary.lost.flatMap { Set($0.problems.map(\.rule)) }, by: { $0 }).mapValues(\.count)
-        for rule in Rule.allCases {
+        for rule in Rule.allCases where !rule.isDoubling {
             if let count = byRule[rule] { row("", "- \(count): \(rule.rawValue)") }
         }
+        let doubled = summary.doubledIntents
+        row(
+            "doubled",
+            "\(summary.doubled.count)  (people with a decision made twice: \(doubled.dismiss) extra dismiss, "
+                + "\(doubled.presentProfileSetup) extra presentProfileSetup)")
         row("resends", "\(summary.outcomes.reduce(0) { $0 + $1.resends })  (requests sent again after a transient failure)")
         row(
             "elapsed",
@@ -94,17 +159,19 @@ public enum Report {
             lines.append("run problems:")
             for problem in summary.runProblems { lines.append("  \(problem)") }
         }
-        if summary.killsShort {
+        let failed = summary.faultsFailed
+        if !failed.isEmpty {
             lines.append("")
-            lines.append("not every planned kill happened (the drive ended first or a service did not come back):")
-            for kill in summary.kills where kill.kills < kill.planned {
-                lines.append("  \(kill.service): \(kill.kills) of \(kill.planned)")
+            lines.append("faults that did not happen, or after which a service did not come back:")
+            for fault in failed {
+                lines.append("  \(fault.fault.label): \(fault.happened ? "" : "did not happen; ")\(fault.problems.joined(separator: "; "))")
             }
         }
-        if !summary.lost.isEmpty {
+        if !summary.inconsistent.isEmpty {
             lines.append("")
-            lines.append("lost (first \(min(listed, summary.lost.count)) of \(summary.lost.count)):")
-            for person in summary.lost.prefix(listed) {
+            lines.append(
+                "lost or doubled (first \(min(listed, summary.inconsistent.count)) of \(summary.inconsistent.count)):")
+            for person in summary.inconsistent.prefix(listed) {
                 lines.append("  \(person.uid)  person #\(person.plan.index), \(person.plan.summary):")
                 for problem in person.problems { lines.append("    - \(problem)") }
             }

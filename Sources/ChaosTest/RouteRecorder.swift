@@ -3,7 +3,11 @@ import Messaging
 import OnboardingAPI
 import Synchronization
 
-/// One route intent as the recorder keeps it.
+/// One delivery of a route intent as the recorder keeps it: one per route sequence number.
+///
+/// The same `intentId` may be recorded several times with different route sequences: the
+/// orchestrator publishes the intent in force again (same id, same reason, new route sequence)
+/// when a check confirms it. That is a repeat; a duplicate is one route sequence delivered twice.
 public struct RecordedIntent: Sendable, Hashable {
     public var uid: String
     public var intentId: String
@@ -42,8 +46,9 @@ public struct RouteRecording: Sendable {
         case arrival
     }
 
-    /// Each person's intents, oldest first in ``order``.
+    /// Each person's deliveries (one per route sequence, repeats included), oldest first in ``order``.
     public var intentsByUID: [String: [RecordedIntent]]
+    /// Every intentId recorded.
     public var intentIDs: Set<String>
     public var order: Order
     public var counts: RecorderCounts
@@ -58,15 +63,21 @@ public struct RouteRecording: Sendable {
 
 /// The recorder's counts.
 public struct RecorderCounts: Sendable, Hashable {
-    /// Distinct intents recorded (by intentId).
+    /// Distinct intents recorded (by intentId): the decisions.
     public var intents = 0
+    /// Distinct deliveries recorded (by route sequence): decisions plus repeats.
+    public var deliveries = 0
+    /// Deliveries of an intentId already recorded under another route sequence: the intent in
+    /// force published again (after a check), which an app recognises by its id.
+    public var repeats = 0
     /// Messages delivered on the route topic.
     public var liveDeliveries = 0
-    /// Live deliveries of an intentId the recorder already had: the app would see it twice.
+    /// Live deliveries of a route sequence the recorder already had: the app would get one
+    /// publication twice.
     public var duplicatesDelivered = 0
-    /// Intents found only with `events.after` (the live stream missed them).
+    /// Deliveries found only with `events.after` (the live stream missed them).
     public var filled = 0
-    /// Records dropped as already recorded: live duplicates and replayed intents already delivered live.
+    /// Records dropped as already recorded: live duplicates and replayed deliveries already had live.
     public var deduplicated = 0
     /// Route sequence numbers carried by two different intents (the sequence restarted).
     public var sequenceReused = 0
@@ -87,12 +98,21 @@ public enum FillResult: Sendable, Hashable {
 }
 
 /// Records every route intent: live from `route.`, and at the end whatever `events.after` on the
-/// orchestrator's request endpoint has that the live stream missed. Drops duplicates by intentId,
-/// counting them.
+/// orchestrator's request endpoint has that the live stream missed. Keeps one record per route
+/// sequence (a repeat of the intent in force is a delivery of its own) and drops a sequence
+/// delivered again, counting it.
 public final class RouteRecorder: Sendable {
+    /// One delivery: its route sequence and intent (two intents with one sequence are two
+    /// deliveries, counted as a reused sequence).
+    private struct Key: Hashable {
+        var sequence: UInt64
+        var intentId: String
+    }
+
     private struct State {
-        var intents: [String: RecordedIntent] = [:]
-        var idsByUID: [String: [String]] = [:]
+        var deliveries: [Key: RecordedIntent] = [:]
+        var intentIDs: Set<String> = []
+        var keysByUID: [String: [Key]] = [:]
         var intentBySequence: [UInt64: String] = [:]
         var counts = RecorderCounts()
         var nextPosition = 0
@@ -117,12 +137,13 @@ public final class RouteRecorder: Sendable {
         }
     }
 
-    /// Records one delivery. - Returns: whether it was new.
+    /// Records one delivery. - Returns: whether it was new (a route sequence not recorded yet).
     @discardableResult
     public func record(_ intent: RouteIntent, sequence: UInt64, live: Bool) -> Bool {
         let (isNew, waiting) = state.withLock { state -> (Bool, [CheckedContinuation<Bool, Never>]) in
             if live { state.counts.liveDeliveries += 1 }
-            if state.intents[intent.intentId] != nil {
+            let key = Key(sequence: sequence, intentId: intent.intentId)
+            if state.deliveries[key] != nil {
                 state.counts.deduplicated += 1
                 if live { state.counts.duplicatesDelivered += 1 }
                 return (false, [])
@@ -131,9 +152,14 @@ public final class RouteRecorder: Sendable {
                 uid: intent.uid, intentId: intent.intentId, kind: intent.intent, reason: intent.reason,
                 sequence: sequence, position: state.nextPosition, live: live)
             state.nextPosition += 1
-            state.intents[intent.intentId] = recorded
-            state.idsByUID[intent.uid, default: []].append(intent.intentId)
-            state.counts.intents += 1
+            state.deliveries[key] = recorded
+            state.keysByUID[intent.uid, default: []].append(key)
+            state.counts.deliveries += 1
+            if state.intentIDs.insert(intent.intentId).inserted {
+                state.counts.intents += 1
+            } else {
+                state.counts.repeats += 1
+            }
             if !live { state.counts.filled += 1 }
             if let other = state.intentBySequence[sequence], other != intent.intentId {
                 state.counts.sequenceReused += 1
@@ -161,7 +187,7 @@ public final class RouteRecorder: Sendable {
                 await withTaskCancellationHandler {
                     await withCheckedContinuation { continuation in
                         let immediate: Bool? = self.state.withLock { state in
-                            if state.idsByUID[uid]?.isEmpty == false { return true }
+                            if state.keysByUID[uid]?.isEmpty == false { return true }
                             if Task.isCancelled { return false }
                             state.waiters[id] = (uid, continuation)
                             return nil
@@ -230,14 +256,13 @@ public final class RouteRecorder: Sendable {
             let order: RouteRecording.Order =
                 state.fillWorked && state.counts.sequenceReused == 0 ? .sequence : .arrival
             var byUID: [String: [RecordedIntent]] = [:]
-            for (uid, ids) in state.idsByUID {
-                let intents = ids.compactMap { state.intents[$0] }
+            for (uid, keys) in state.keysByUID {
+                let intents = keys.compactMap { state.deliveries[$0] }
                 byUID[uid] = intents.sorted {
                     order == .sequence ? ($0.sequence, $0.position) < ($1.sequence, $1.position) : $0.position < $1.position
                 }
             }
-            return RouteRecording(
-                intentsByUID: byUID, intentIDs: Set(state.intents.keys), order: order, counts: state.counts)
+            return RouteRecording(intentsByUID: byUID, intentIDs: state.intentIDs, order: order, counts: state.counts)
         }
     }
 }

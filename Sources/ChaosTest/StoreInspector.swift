@@ -36,6 +36,8 @@ public struct StoreSnapshot: Sendable {
     public var accounts: Set<String> = []
     /// Account uids by `<provider>/<subject>`, to name people whose sign-in was never answered.
     public var accountBySubject: [String: String] = [:]
+    /// Live sessions per uid (people with none are absent).
+    public var sessions: [String: Int] = [:]
     public var profiles: [String: StoredProfile] = [:]
     /// Who holds each username, keyed both by the store's uniqueness key and by the lowercased
     /// name as stored (so a name is found whatever way the store keys it).
@@ -65,6 +67,9 @@ enum StoreInspector {
                 let uid: String = row["uid"]
                 snapshot.accounts.insert(uid)
                 snapshot.accountBySubject["\(row["provider"] as String)/\(row["subject"] as String)"] = uid
+            }
+            for row in try fetch(locations.authDatabase, sql: "SELECT uid, COUNT(*) AS live FROM session GROUP BY uid") {
+                snapshot.sessions[row["uid"] as String] = row["live"] as Int
             }
         } catch {
             snapshot.problems.append("auth's store \(locations.authDatabase) could not be read: \(error)")

@@ -38,10 +38,18 @@ public enum Rule: String, Sendable, Hashable, CaseIterable, Codable {
     case noDismiss = "no dismiss delivered after a set-up"
     case outOfOrder = "intents out of order"
     case unexpectedDismiss = "dismiss without a set-up"
+    case repeatDiffers = "a repeat differs from its first delivery"
+    // Doubled: a second decision for one state change.
+    case doubledDismiss = "two dismiss for one profile"
+    case doubledPresentProfileSetup = "two presentProfileSetup for one missing profile"
     // The intent in force at the end.
     case intentAfterWithdrawal = "intent in force after withdrawal"
     case wrongFinalIntent = "wrong intent in force"
     case undeliveredIntent = "intent in force never delivered"
+    case staleDecision = "the decision from before a full sign-out still in force"
+
+    /// Whether the rule is about a decision made twice (reported as "doubled", apart from "lost").
+    public var isDoubling: Bool { self == .doubledDismiss || self == .doubledPresentProfileSetup }
 }
 
 /// One broken rule, with the details of this person's case.
@@ -62,22 +70,133 @@ public struct LostPerson: Sendable, Hashable {
     public var uid: String
     public var plan: PersonPlan
     public var problems: [Finding]
+    /// Decisions beyond one per state change, by kind (0 and 0 unless a doubling rule is broken).
+    public var doubled = DoubledIntents()
+
+    public init(uid: String, plan: PersonPlan, problems: [Finding], doubled: DoubledIntents = DoubledIntents()) {
+        self.uid = uid
+        self.plan = plan
+        self.problems = problems
+        self.doubled = doubled
+    }
+
+    /// Whether a rule other than a doubling one is broken: the person is lost.
+    public var isLost: Bool { problems.contains { !$0.rule.isDoubling } }
+    /// Whether a decision was made twice.
+    public var isDoubled: Bool { doubled.total > 0 }
+}
+
+/// How many decisions one person got beyond one per state change.
+public struct DoubledIntents: Sendable, Hashable, Codable {
+    /// Distinct `dismiss` ids that follow another `dismiss` with no `presentProfileSetup` between.
+    public var dismiss = 0
+    /// Distinct `presentProfileSetup` ids beyond one per missing-profile spell (a spell ends with
+    /// a `dismiss`, or a sign-out of every session followed by a sign-in).
+    public var presentProfileSetup = 0
+
+    public init(dismiss: Int = 0, presentProfileSetup: Int = 0) {
+        self.dismiss = dismiss
+        self.presentProfileSetup = presentProfileSetup
+    }
+
+    public var total: Int { dismiss + presentProfileSetup }
 }
 
 /// The checks, as a pure function of the evidence.
 public enum Verdict {
-    /// The people who finished their journey and whose final state breaks a rule, in plan order.
+    /// The people who finished their journey and whose traces break a rule (lost, doubled or
+    /// both), in plan order.
     ///
     /// People who could not finish are not judged here: their state is whatever the step they
     /// stopped at left, and they are reported on their own.
     public static func lost(in evidence: Evidence) -> [LostPerson] {
         evidence.people.compactMap { person in
             guard person.finished, let uid = person.uid else { return nil }
+            let timeline = person.timeline
+            let intents = evidence.recording.intentsByUID[uid] ?? []
+            let (doubled, doubling) = doubledIntents(intents, timeline: timeline, order: evidence.recording.order)
             let problems = person.problems + storeProblems(person, uid: uid, evidence.stores)
                 + recordingProblems(person, uid: uid, evidence.recording)
-                + finalIntentProblems(person, uid: uid, evidence)
-            return problems.isEmpty ? nil : LostPerson(uid: uid, plan: person.plan, problems: problems)
+                + repeatProblems(intents)
+                + doubling
+                + finalIntentProblems(person, uid: uid, timeline: timeline, evidence)
+            return problems.isEmpty ? nil : LostPerson(uid: uid, plan: person.plan, problems: problems, doubled: doubled)
         }
+    }
+
+    /// Each intentId once, at its first delivery, in the deliveries' order.
+    public static func decisions(_ deliveries: [RecordedIntent]) -> [RecordedIntent] {
+        var seen = Set<String>()
+        return deliveries.filter { seen.insert($0.intentId).inserted }
+    }
+
+    /// A repeat (the same intentId under another route sequence) must say what its first
+    /// delivery said: same person, kind and reason.
+    static func repeatProblems(_ deliveries: [RecordedIntent]) -> [Finding] {
+        var first: [String: RecordedIntent] = [:]
+        var problems: [Finding] = []
+        for delivery in deliveries {
+            guard let original = first[delivery.intentId] else {
+                first[delivery.intentId] = delivery
+                continue
+            }
+            if original.kind != delivery.kind || original.reason != delivery.reason || original.uid != delivery.uid {
+                problems.append(.init(
+                    .repeatDiffers,
+                    "intent \(delivery.intentId) was first \(original.kind.rawValue) (\(original.reason.rawValue)) at route sequence \(original.sequence), "
+                        + "then \(delivery.kind.rawValue) (\(delivery.reason.rawValue)) at \(delivery.sequence)"))
+            }
+        }
+        return problems
+    }
+
+    /// Decisions made twice for one state change, from the person's deliveries (in the
+    /// recording's order) and what the driver did.
+    ///
+    /// Each distinct intentId is a decision. Two `dismiss` decisions need a `presentProfileSetup`
+    /// between them. Two `presentProfileSetup` decisions need a change of state between them: a
+    /// `dismiss` (the profile appeared, and a deletion made it missing again), or a sign-out of
+    /// every session followed by a sign-in (the orchestrator forgets what it knew and decides
+    /// anew). The driver never deletes a profile but by withdrawing, after which nothing is
+    /// decided; so within each stretch without a `dismiss`, the decisions beyond the first need
+    /// one of the driver's full sign-outs each. (A session the driver does not know of, from a
+    /// sign-in resent after a timeout, only makes fewer full sign-outs for the orchestrator.)
+    public static func doubledIntents(
+        _ deliveries: [RecordedIntent], timeline: Timeline, order: RouteRecording.Order
+    ) -> (DoubledIntents, [Finding]) {
+        var doubled = DoubledIntents()
+        var problems: [Finding] = []
+        var previous: RecordedIntent?
+        var presentsInStretch: [RecordedIntent] = []
+        var extraPresents: [RecordedIntent] = []
+        for decision in decisions(deliveries) {
+            switch decision.kind {
+            case .dismiss:
+                if let previous, previous.kind == .dismiss {
+                    doubled.dismiss += 1
+                    problems.append(.init(
+                        .doubledDismiss,
+                        "two dismiss with no presentProfileSetup between (by \(order.rawValue)): \(previous.intentId) at route sequence "
+                            + "\(previous.sequence), then \(decision.intentId) at \(decision.sequence)"))
+                }
+                presentsInStretch = []
+            case .presentProfileSetup:
+                if !presentsInStretch.isEmpty { extraPresents.append(decision) }
+                presentsInStretch.append(decision)
+            }
+            previous = decision
+        }
+        let allowed = timeline.fullSignOutsFollowedBySignIn
+        if extraPresents.count > allowed {
+            doubled.presentProfileSetup = extraPresents.count - allowed
+            let ids = decisions(deliveries).filter { $0.kind == .presentProfileSetup }
+                .map { "\($0.intentId) (\($0.reason.rawValue), route sequence \($0.sequence))" }
+            problems.append(.init(
+                .doubledPresentProfileSetup,
+                "\(ids.count) presentProfileSetup decisions, \(extraPresents.count - allowed) more than the "
+                    + "\(allowed) full sign-out\(allowed == 1 ? "" : "s") followed by a sign-in allow: \(ids.joined(separator: ", "))"))
+        }
+        return (doubled, problems)
     }
 
     static func storeProblems(_ person: PersonOutcome, uid: String, _ stores: StoreSnapshot) -> [Finding] {
@@ -156,32 +275,67 @@ public enum Verdict {
         return problems
     }
 
-    static func finalIntentProblems(_ person: PersonOutcome, uid: String, _ evidence: Evidence) -> [Finding] {
-        let expected: RouteIntent.Kind? = person.withdrew ? nil : (person.setUp ? .dismiss : .presentProfileSetup)
+    /// What may be in force at the end, from the stores and what the driver did:
+    /// - withdrawn: nothing;
+    /// - a profile exists: `dismiss` (the person was asked to set up at their first sign-in),
+    ///   or nothing once every session was signed out after the set-up; never `presentProfileSetup`;
+    /// - no profile, and auth holds a session of the person: `presentProfileSetup`;
+    /// - no profile and no session: nothing.
+    ///
+    /// Sessions are counted in auth's store, not by the driver: a sign-in resent after a timeout
+    /// may have left a session the driver never got.
+    public static func expectedFinalIntents(
+        _ person: PersonOutcome, uid: String, timeline: Timeline, stores: StoreSnapshot
+    ) -> Set<RouteIntent.Kind?> {
+        if person.withdrew { return [nil] }
+        if stores.profiles[uid] != nil || person.setUp {
+            return timeline.fullSignOutAfterSetUp || !person.setUp ? [.dismiss, nil] : [.dismiss]
+        }
+        return (stores.sessions[uid] ?? 0) > 0 ? [.presentProfileSetup] : [nil]
+    }
+
+    static func finalIntentProblems(_ person: PersonOutcome, uid: String, timeline: Timeline, _ evidence: Evidence) -> [Finding] {
+        let expected = expectedFinalIntents(person, uid: uid, timeline: timeline, stores: evidence.stores)
+        func describe(_ kinds: Set<RouteIntent.Kind?>) -> String {
+            kinds.map { $0?.rawValue ?? "none" }.sorted().joined(separator: " or ")
+        }
         guard let states = evidence.routeStates else {
-            // No route state to read: the last intent recorded must agree (nothing to say for
-            // withdrawn people, whose intent in force is only visible in the route state).
-            guard let expected, let last = evidence.recording.intentsByUID[uid]?.last else { return [] }
-            return last.kind == expected
+            // No route state to read: the last decision recorded must agree when one intent is
+            // expected (nothing to say otherwise: ending an intent is only visible in the route state).
+            guard expected.count == 1, let only = expected.first, let kind = only,
+                let last = decisions(evidence.recording.intentsByUID[uid] ?? []).last
+            else { return [] }
+            return last.kind == kind
                 ? []
-                : [.init(.wrongFinalIntent, "the last intent recorded is \(last.kind.rawValue) (\(last.reason.rawValue)), expected \(expected.rawValue)")]
+                : [.init(.wrongFinalIntent, "the last intent recorded is \(last.kind.rawValue) (\(last.reason.rawValue)), expected \(kind.rawValue)")]
         }
         var problems: [Finding] = []
         let inForce = states[uid]?.intent
-        switch (expected, inForce) {
-        case (nil, nil):
-            break
-        case (nil, let intent?):
-            problems.append(.init(.intentAfterWithdrawal, "\(intent.intent.rawValue) (\(intent.reason.rawValue)) is still in force after withdrawal"))
-        case (let expected?, nil):
-            problems.append(.init(.wrongFinalIntent, "no intent in force, expected \(expected.rawValue)"))
-        case (let expected?, let intent?) where intent.intent != expected:
-            problems.append(.init(.wrongFinalIntent, "\(intent.intent.rawValue) (\(intent.reason.rawValue)) is in force, expected \(expected.rawValue)"))
-        default:
-            break
+        if !expected.contains(inForce?.intent) {
+            let sessions = evidence.stores.sessions[uid] ?? 0
+            let facts = "profile \(evidence.stores.profiles[uid] == nil ? "none" : "exists"), \(sessions) session\(sessions == 1 ? "" : "s") in auth's store"
+            if let intent = inForce {
+                if person.withdrew {
+                    problems.append(.init(.intentAfterWithdrawal, "\(intent.intent.rawValue) (\(intent.reason.rawValue)) is still in force after withdrawal"))
+                } else {
+                    problems.append(.init(
+                        .wrongFinalIntent,
+                        "\(intent.intent.rawValue) (\(intent.reason.rawValue), \(intent.intentId)) is in force, expected \(describe(expected)) (\(facts))"))
+                }
+            } else {
+                problems.append(.init(.wrongFinalIntent, "no intent in force, expected \(describe(expected)) (\(facts))"))
+            }
         }
         if let intent = inForce, !evidence.recording.intentIDs.contains(intent.intentId) {
             problems.append(.init(.undeliveredIntent, "the intent in force (\(intent.intent.rawValue), \(intent.intentId)) was never delivered"))
+        }
+        if let intent = inForce, intent.intent == .presentProfileSetup, !timeline.uncertainSessions,
+            timeline.presentSeenBeforeLastFullSignOut.contains(intent.intentId)
+        {
+            problems.append(.init(
+                .staleDecision,
+                "presentProfileSetup \(intent.intentId) is in force, the decision seen before every session was signed out; "
+                    + "the sign-in after it must decide anew (a new intentId)"))
         }
         return problems
     }
