@@ -260,6 +260,11 @@ public struct OnboardingStateMachine: Sendable {
                 // An answer to a check no longer asked is still information.
                 return decide(uid, reason: .checkRequested)
             }
+            if person.profile == .unknown {
+                // Older than what was known before it was forgotten (a sign-out while the answer
+                // was on its way): the question is still open, so ask again.
+                return [.checkProfile(uid: uid, check: check)]
+            }
             person.check = nil
             people[uid] = person
             var actions = decide(uid, reason: pending.reason)
@@ -270,7 +275,7 @@ public struct OnboardingStateMachine: Sendable {
                 actions.append(.emit(repeated))
             }
             // The newest knowledge, which a stale answer does not change.
-            let hasProfile = person.profile == .unknown ? exists : person.profile == .present
+            let hasProfile = person.profile == .present
             let status = OnboardingStatus(uid: uid, hasProfile: hasProfile, intent: hasProfile ? nil : .presentProfileSetup)
             return actions + pending.waiters.map { .answer(waiter: $0, status) }
 

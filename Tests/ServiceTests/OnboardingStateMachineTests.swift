@@ -231,6 +231,26 @@ struct OnboardingStateMachineTests {
         #expect(machine.handle(.profileCreated(uid: uid, asOf: 7)).isEmpty, "the feed delivers the event late")
     }
 
+    @Test("a check answer older than what was known before a sign-out forgot it is asked again")
+    func staleAnswerAfterForgetting() {
+        var machine = Machine.testing()
+        _ = machine.handle(.signedIn(uid: uid, isNewAccount: true))
+        guard case .checkProfile(_, let check)? = machine.handle(.checkRequested(uid: uid, waiter: 1)).first else {
+            Issue.record("expected a check")
+            return
+        }
+        _ = machine.handle(.profileCreated(uid: uid, asOf: 1))
+        _ = machine.handle(.profileDeleted(uid: uid, reason: .request, asOf: 2))
+        _ = machine.handle(.signedOut(uid: uid))
+        _ = machine.handle(.signedIn(uid: uid, isNewAccount: false))  // joins the check under way
+        // The store answered before the deletion; the answer arrives after the sign-out.
+        #expect(machine.handle(.profileChecked(uid: uid, check: check, exists: true, asOf: 1))
+            == [.checkProfile(uid: uid, check: check)])
+        let status = OnboardingStatus(uid: uid, hasProfile: false, intent: .presentProfileSetup)
+        #expect(machine.handle(.profileChecked(uid: uid, check: check, exists: false, asOf: 2))
+            == [emit(.presentProfileSetup, .signedIn, "i4"), .answer(waiter: 1, status)])
+    }
+
     @Test("a profile deleted while the account stays starts onboarding again")
     func profileDeleted() {
         var machine = Machine.testing()
