@@ -23,6 +23,18 @@ enum SessionToken {
 
     /// What the store keeps of `token`: its SHA-256, in lowercase hex.
     static func digest(_ token: String) -> String {
-        SHA256.hash(data: Data(token.utf8)).map { String(format: "%02x", $0) }.joined()
+        let hash = SHA256.hash(data: Data(token.utf8))
+        let digits: StaticString = "0123456789abcdef"
+        return String(unsafeUninitializedCapacity: SHA256.byteCount * 2) { buffer in
+            var index = 0
+            hash.withUnsafeBytes { bytes in
+                for byte in bytes {
+                    buffer[index] = digits.utf8Start[Int(byte >> 4)]
+                    buffer[index + 1] = digits.utf8Start[Int(byte & 0x0F)]
+                    index += 2
+                }
+            }
+            return index
+        }
     }
 }

@@ -45,13 +45,16 @@ public final class Outbox: Sendable {
     ) throws -> UInt64 {
         let topic = topic ?? Event.type
         let time = Timestamp.now()
-        try db.executeCached(
-            "INSERT INTO outbox (type, topic, uid, envelope, createdAt) VALUES (?, ?, ?, x'', ?)", [Event.type, topic, uid, time])
-        let sequence = UInt64(db.lastInsertedRowID)
+        // The next number, read inside this write transaction (one writer at a time), so the row
+        // is written once with its final envelope. AUTOINCREMENT keeps `sqlite_sequence` at the
+        // largest number ever used, pruned rows included.
+        let sequence = try Self.lastSequence(in: db) + 1
         let header = EnvelopeHeader(
             type: Event.type, source: source, sequence: sequence, time: time, correlationId: correlationId, uid: uid)
         let body = try Envelope(header: header, payload: event).encoded()
-        try db.executeCached("UPDATE outbox SET envelope = ? WHERE sequence = ?", [body, sequence])
+        try db.executeCached(
+            "INSERT INTO outbox (sequence, type, topic, uid, envelope, createdAt) VALUES (?, ?, ?, ?, ?, ?)",
+            [Int64(clamping: sequence), Event.type, topic, uid, body, time])
         let publisher = self.publisher
         db.afterNextTransaction { _ in
             // Publishing only queues the message for the bus's I/O thread; it never blocks.
@@ -98,7 +101,7 @@ extension Outbox {
     /// The largest sequence number ever assigned (0 before the first event), pruned rows and
     /// all: every event up to it has been recorded.
     public static func lastSequence(in db: Database) throws -> UInt64 {
-        UInt64(clamping: try Int64.fetchOne(db, sql: "SELECT seq FROM sqlite_sequence WHERE name = 'outbox'") ?? 0)
+        UInt64(clamping: try Int64.fetchOne(db.cachedStatement(sql: "SELECT seq FROM sqlite_sequence WHERE name = 'outbox'")) ?? 0)
     }
 }
 

@@ -1,4 +1,4 @@
-import AuthService
+@testable import AuthService
 import Foundation
 import GRDB
 import Messaging
@@ -131,6 +131,12 @@ struct AuthServiceTests {
             let verified = try await withAuth(databasePath: path) { try await verify(session.sessionToken) }
             #expect(verified.uid == session.uid)
         }
+    }
+
+    @Test("a token's digest is its SHA-256 in lowercase hex, as stored by every earlier version")
+    func digestFormat() {
+        #expect(SessionToken.digest("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+        #expect(SessionToken.digest("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
     }
 
     @Test("an unknown provider is refused with a message that names the field")
