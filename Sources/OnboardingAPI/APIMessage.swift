@@ -230,12 +230,17 @@ public struct UpdateProfile: APIRequest {
 /// Why a profile was deleted.
 public enum DeletionReason: String, Codable, Sendable {
     /// The person (or an operator) deleted it; the account stays, so onboarding starts again.
+    /// The only reason an app may give.
     case request
-    /// The account was withdrawn.
+    /// The account was withdrawn. Given only by our services (the orchestrator's clean-up).
     case withdrawal
 }
 
-/// `profile.delete`
+/// `profile.delete`: the person's profile, freeing its username.
+///
+/// From an app (with a session) the reason is always ``DeletionReason/request``; `withdrawal`
+/// from a session is refused (`invalidRequest`, reason `withdrawalNotAllowed`): withdrawing is
+/// `auth.withdraw`, after which the services delete the profile themselves.
 public struct DeleteProfile: APIRequest {
     public typealias Response = DeleteProfileResult
     public static let type = "profile.delete"
