@@ -335,6 +335,35 @@ struct ImageUploadServiceTests {
         #expect(notices.first?.metadata["count"] == "3")
     }
 
+    @Test("image folders are 0700 and images 0600; what an earlier version left open is tightened at start")
+    func fileModes() async throws {
+        let older = "\(UUID().uuidString.lowercased()).png"
+        let loosen = { (directory: String) throws in
+            try FileManager.default.createDirectory(atPath: "\(directory)/\(uid)", withIntermediateDirectories: true)
+            try Samples.png.write(to: URL(fileURLWithPath: "\(directory)/\(uid)/\(older)"))
+            chmod(directory, 0o755)
+            chmod("\(directory)/\(uid)", 0o755)
+            chmod("\(directory)/\(uid)/\(older)", 0o644)
+        }
+        try await withImages(before: loosen) { directory in
+            #expect(mode(of: directory) == 0o700)
+            #expect(mode(of: "\(directory)/\(uid)") == 0o700)
+            #expect(mode(of: "\(directory)/\(uid)/\(older)") == 0o600)
+            let stored = try await upload(Samples.jpeg, uid: "someone-new")
+            #expect(mode(of: "\(directory)/someone-new") == 0o700)
+            #expect(mode(of: "\(directory)/\(stored.path)") == 0o600)
+            #expect(mode(of: "\(directory)/\(try #require(stored.thumbnailPath))") == 0o600)
+        }
+        // A root that does not exist yet is made 0700.
+        try await withTemporaryDirectory { parent in
+            let configuration = ImageUploadService.Configuration(rpc: rpc, directory: "\(parent)/images")
+            let service = try ImageUploadService(configuration: configuration, bus: bus, logger: quietLogger)
+            try await withRunningService(service, on: bus, answeringAt: rpc) {
+                #expect(mode(of: "\(parent)/images") == 0o700)
+            }
+        }
+    }
+
     @Test("a clean start logs no removal")
     func cleanStart() async throws {
         let messages = LogCapture()

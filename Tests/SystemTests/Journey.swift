@@ -200,6 +200,10 @@ func runJourney(bus: any MessageBus, endpoints: SystemEndpoints, imagesRoot: URL
     let images = try FileManager.default.contentsOfDirectory(atPath: imagesRoot.appendingPathComponent(uid).path).sorted()
     let imageName = URL(fileURLWithPath: imagePath).lastPathComponent
     #expect(images == [imageName, imageName.replacingOccurrences(of: ".png", with: ".thumb.png")].sorted())
+    // Only their owner can read them.
+    #expect(permissionBits(imagesRoot.path) == 0o700)
+    #expect(permissionBits(imagesRoot.appendingPathComponent(uid).path) == 0o700)
+    #expect(permissionBits(imagesRoot.appendingPathComponent(imagePath).path) == 0o600)
     let stored = try Data(contentsOf: imagesRoot.appendingPathComponent(imagePath))
     #expect(stored != pngBytes)
     #expect(TestImage.decode(stored).map { ($0.width, $0.height) } ?? (0, 0) == (48, 32))
@@ -251,4 +255,12 @@ func expectCode(
     } catch {
         Issue.record("expected \(code), got \(error)", sourceLocation: sourceLocation)
     }
+}
+
+/// The permission bits of `path` (a symbolic link itself, not what it points to), or `nil`.
+func permissionBits(_ path: String) -> Int? {
+    guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
+        let permissions = attributes[.posixPermissions] as? Int
+    else { return nil }
+    return permissions & 0o777
 }
