@@ -396,6 +396,32 @@ struct ImageUploadServiceTests {
         #expect(configuration.limits.maxAttachmentBytes == maxImageBytes * 2)
     }
 
+    @Test("pixel limits, thumbnail side and decode threads out of range are refused", arguments: [
+        (ImageLimits(maxPixels: 0), 2), (ImageLimits(maxSide: 0), 2), (ImageLimits(thumbnailSide: 0), 2),
+        (ImageLimits(thumbnailSide: 5000), 2), (ImageLimits(), 0), (ImageLimits(), 65),
+    ])
+    func invalidImageSettings(limits: ImageLimits, threads: Int) {
+        let configuration = ImageUploadService.Configuration(directory: "/tmp/unused", imageLimits: limits, decodeThreads: threads)
+        let error = #expect(throws: ServiceError.self) {
+            try ImageUploadService(configuration: configuration, bus: bus, logger: quietLogger)
+        }
+        #expect(error?.code == .invalidRequest)
+    }
+
+    @Test("the image settings take a flag, then the environment, then the default, within their ranges")
+    func imageSettings() throws {
+        #expect(try Settings.imagePixelLimit(nil) == Defaults.maxImagePixels)
+        #expect(try Settings.imagePixelLimit(12_000_000) == 12_000_000)
+        #expect(try Settings.imageSideLimit(nil) == Defaults.maxImageSide)
+        #expect(try Settings.imageSideLimit(4096) == 4096)
+        #expect(try Settings.imageDecodeThreads(nil) == Defaults.imageDecodeThreads)
+        #expect(try Settings.imageDecodeThreads(4) == 4)
+        for refused in [{ try Settings.imagePixelLimit(0) }, { try Settings.imageSideLimit(100_001) }, { try Settings.imageDecodeThreads(65) }] {
+            let error = #expect(throws: ServiceError.self) { _ = try refused() }
+            #expect(error?.message.contains("ONBOARDING_") == true, "\(String(describing: error))")
+        }
+    }
+
     @Test("the attachment limit saturates instead of overflowing")
     func attachmentLimitSaturates() {
         let configuration = ImageUploadService.Configuration(directory: "/tmp/unused", maxImageBytes: .max)
