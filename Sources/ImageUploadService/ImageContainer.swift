@@ -88,7 +88,11 @@ enum ImageContainer {
         var segments: [(UInt8, Range<Int>)] = [(0xD8, 0..<2)]
         var offset = 2
         while offset + 2 <= raw.count {
-            guard raw[offset] == 0xFF else { return nil }
+            guard raw[offset] == 0xFF else {
+                // Stray bytes between segments: decoders skip them (libjpeg with a warning).
+                offset += 1
+                continue
+            }
             let marker = raw[offset + 1]
             if marker == 0xFF {
                 offset += 1  // fill byte

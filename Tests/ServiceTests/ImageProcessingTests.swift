@@ -287,6 +287,18 @@ struct ImageProcessingTests {
         }
     }
 
+    @Test("a JPEG with stray bytes between its segments is still a whole image, as decoders take it")
+    func jpegWithStrayBytes() async throws {
+        var jpeg = TestImage.halves(.jpeg, width: 40, height: 30)
+        // After the first segment (SOI, then APP0 of the length its header gives).
+        let afterFirstSegment = 4 + (Int(jpeg[jpeg.startIndex + 4]) << 8 | Int(jpeg[jpeg.startIndex + 5]))
+        jpeg.insert(contentsOf: [0x00, 0x00, 0x00], at: jpeg.startIndex + afterFirstSegment)
+        try await withImages { directory in
+            let image = try await upload(jpeg)
+            #expect(TestImage.decode(try stored(directory, image.path)).map { ($0.width, $0.height) } ?? (0, 0) == (40, 30))
+        }
+    }
+
     @Test("libvips opens only PNG, JPEG, WebP and HEIF: other loaders are blocked")
     func otherLoadersAreBlocked() throws {
         _ = try ImageProcessor(threads: 1)  // starts libvips as the service does
