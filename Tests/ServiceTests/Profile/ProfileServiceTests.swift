@@ -155,8 +155,9 @@ extension ProfileServiceTests {
                 }
                 let perRequest = (processCPUTime() - before) / rounds
                 print("profile.checkUsername with the 62 KiB flood over the in-process bus: \(perRequest) of process CPU per request (JSON in and out included), over \(rounds)")
-                // The probe measured 2.6 s per request before the bound; this bound is generous.
-                #expect(perRequest < .milliseconds(100))
+                // Process CPU counts every test running beside this one, so the bound is generous: the
+                // probe measured 2.6 s per request before the bound (alone, this prints about 0.6 ms).
+                #expect(perRequest < .seconds(1))
                 #expect(try await service.call(CheckUsername(username: "sora")).available)
             }
         }
