@@ -109,9 +109,20 @@ let package = Package(
         ),
         .executableTarget(name: "profile-service", dependencies: ["ProfileService"]),
 
+        // libvips (pkg-config `vips`; Debian's libvips-dev) decodes, strips and re-encodes every
+        // image. CVips wraps its variadic C calls in plain functions Swift can call.
+        .systemLibrary(
+            name: "CLibVips",
+            pkgConfig: "vips",
+            providers: [.apt(["libvips-dev"])]
+        ),
+        .target(
+            name: "CVips",
+            dependencies: ["CLibVips"]
+        ),
         .target(
             name: "ImageUploadService",
-            dependencies: ["ServiceRuntime"]
+            dependencies: ["ServiceRuntime", "CVips"]
         ),
         .executableTarget(name: "image-upload-service", dependencies: ["ImageUploadService"]),
 
@@ -124,7 +135,7 @@ let package = Package(
         .testTarget(
             name: "ServiceTests",
             dependencies: [
-                "AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator",
+                "AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator", "ImageFixtures",
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ]
         ),
@@ -195,7 +206,7 @@ let package = Package(
             name: "SystemTests",
             dependencies: [
                 "OnboardingClient", "AuthService", "ProfileService", "ImageUploadService",
-                "OnboardingOrchestrator", "ZeroMQMessaging", "FuzzKit",
+                "OnboardingOrchestrator", "ZeroMQMessaging", "FuzzKit", "ImageFixtures",
             ]
         ),
 
@@ -204,6 +215,9 @@ let package = Package(
         // Seeded random numbers, a byte-exact JSON writer and a corpus of hostile values, shared by
         // the fuzz tests of several test targets. Foundation only.
         .target(name: "FuzzKit", path: "Tests/FuzzKit"),
+        // Real images made with libvips (PNG, JPEG, WebP, HEIC, with EXIF when asked), hand-made
+        // hostile files, and readers of the metadata a stored file carries.
+        .target(name: "ImageFixtures", dependencies: ["CVips"], path: "Tests/ImageFixtures"),
     ]
 )
 

@@ -237,7 +237,12 @@ public enum Verdict {
                     return problems
                 }
                 if !files.contains(parts[1]) { problems.append(.init(.imageMissing, "the profile's image \(path) is not on disk")) }
-                let strays = files.filter { $0 != parts[1] }
+                // image-upload keeps a thumbnail beside each image.
+                let thumbnail = StoredImagePath.thumbnailFileName(ofImage: parts[1])
+                if let thumbnail, !files.contains(thumbnail) {
+                    problems.append(.init(.imageMissing, "the thumbnail \(thumbnail) of the profile's image is not on disk"))
+                }
+                let strays = files.filter { $0 != parts[1] && $0 != thumbnail }
                 if !strays.isEmpty { problems.append(.init(.strayImages, "stray image files beside the profile's: \(strays.joined(separator: ", "))")) }
             } else {
                 if let path = profile.imagePath { problems.append(.init(.profileDiffers, "the stored profile has image path \(path) though the set-up carried none")) }

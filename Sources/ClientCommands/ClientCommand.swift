@@ -88,8 +88,9 @@ struct CheckUsernameCommand: AsyncParsableCommand {
     @OptionGroup var options: ClientOptions
 
     func run() async throws {
-        if let problem = UsernameRules.formatProblem(username) {
-            let answer = UsernameAvailability(username: UsernameRules.normalized(username), available: false, reason: problem)
+        let checked = UsernameRules.check(username)
+        if let problem = checked.problem {
+            let answer = UsernameAvailability(username: checked.normalized, available: false, reason: problem)
             if options.json { Terminal.line(Terminal.json(answer)) } else { Terminal.report(.username(problem)) }
             throw ExitCode.failure
         }

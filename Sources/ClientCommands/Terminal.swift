@@ -47,7 +47,7 @@ enum Terminal {
         case .profileExists:
             "This person already has a profile: onboarding-client profile shows it."
         case .imageRejected:
-            "Use a PNG, JPEG, WebP or HEIC image within the size limit (the message says which)."
+            "Use a whole PNG, JPEG, WebP or HEIC image within the size and pixel limits (the message says which)."
         case .dependencyUnavailable:
             "A service behind this one is down or slow; ./compose/onboarding status shows which. Try again."
         default:

@@ -9,9 +9,13 @@ import Glibc
 import Darwin
 #endif
 
-/// The images on disk: `<root>/<uid>/<name>.<extension>`, where the name is a new lowercase
-/// UUID, or the upload's idempotency key when it had one. The file name is the whole index of
-/// keys: a repeated key finds its image after a restart with no other state to keep.
+/// The images on disk: `<root>/<uid>/<name>.<extension>`, each with its thumbnail beside it,
+/// `<root>/<uid>/<name>.thumb.<extension>` (see ``StoredImagePath``), where the name is a new
+/// lowercase UUID, or the upload's idempotency key when it had one. The file name is the whole
+/// index of keys: a repeated key finds its image after a restart with no other state to keep.
+///
+/// Only their owner can read them: the root and every person's folder are 0700, every file 0600,
+/// and ``prepare()`` tightens what an earlier version left more open.
 ///
 /// Threading: callable from any task. Every file operation (create, write, fsync, rename, unlink,
 /// directory listing and removal) runs on this storage's own serial `DispatchQueue`, never on
@@ -30,23 +34,40 @@ final class ImageStorage: Sendable {
         self.queue = DispatchQueue(label: "image-upload.storage", qos: .utility)
     }
 
-    /// Creates the images root if it does not exist, and clears what a crash left behind:
-    /// temporary upload files (`.upload-*.tmp`, never valid images) in each person's folder, and
-    /// person folders that are then empty.
+    /// Folders are created, and tightened to, this mode: only their owner may list or enter them.
+    static let folderMode: mode_t = 0o700
+    /// Files are created, and tightened to, this mode: only their owner may read them.
+    static let fileMode: mode_t = 0o600
+
+    /// Creates the images root if it does not exist, tightens the modes of what is there (the
+    /// root and each person's folder 0700, each file 0600), and clears what a crash left behind:
+    /// temporary upload files (`.upload-*.tmp`, never valid images), thumbnails whose image is
+    /// gone, and person folders that are then empty.
     ///
     /// - Returns: how many temporary upload files were removed.
     func prepare() async throws(ServiceError) -> Int {
         let root = self.root
         return try await io("preparing the images folder") {
-            try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
+            try FileManager.default.createDirectory(
+                atPath: root, withIntermediateDirectories: true, attributes: [.posixPermissions: Self.folderMode])
+            try Self.posix("chmod") { chmod(root, Self.folderMode) }
             var removed = 0
             for uid in try FileManager.default.contentsOfDirectory(atPath: root) where ImagePaths.isSafeUID(uid) {
                 let folder = "\(root)/\(uid)"
                 guard Self.isDirectory(folder) else { continue }
-                for name in try FileManager.default.contentsOfDirectory(atPath: folder)
-                where ImagePaths.isTemporaryFileName(name) && Self.isRegularFile("\(folder)/\(name)") {
-                    try Self.posix("unlink") { unlink("\(folder)/\(name)") }
-                    removed += 1
+                try Self.posix("chmod") { chmod(folder, Self.folderMode) }
+                let names = try FileManager.default.contentsOfDirectory(atPath: folder)
+                let present = Set(names)
+                for name in names where Self.isRegularFile("\(folder)/\(name)") {
+                    if ImagePaths.isTemporaryFileName(name) {
+                        try Self.posix("unlink") { unlink("\(folder)/\(name)") }
+                        removed += 1
+                    } else if StoredImagePath.isThumbnailFileName(name), !present.contains(Self.imageFileName(ofThumbnail: name)) {
+                        // Written before its image, which a crash then never stored.
+                        try Self.posix("unlink") { unlink("\(folder)/\(name)") }
+                    } else {
+                        try Self.posix("chmod") { chmod("\(folder)/\(name)", Self.fileMode) }
+                    }
                 }
                 try Self.removeFolderIfEmpty(folder)
             }
@@ -54,7 +75,12 @@ final class ImageStorage: Sendable {
         }
     }
 
-    /// What ``store(_:kind:uid:key:)`` did.
+    /// `<name>.<extension>` for the thumbnail name `<name>.thumb.<extension>`.
+    private static func imageFileName(ofThumbnail name: String) -> String {
+        name.replacingOccurrences(of: StoredImagePath.thumbnailSuffix + ".", with: ".", options: .backwards)
+    }
+
+    /// What ``store(_:uid:key:)`` did.
     struct Stored: Sendable, Hashable {
         /// The image as stored: this upload's, or the one stored earlier under the same key.
         var image: StoredImage
@@ -62,49 +88,70 @@ final class ImageStorage: Sendable {
         var isNew: Bool
     }
 
-    /// Stores `bytes` in `uid`'s folder, under a new name, or under `key` when given.
+    /// The image `uid` stored under `key` (in whichever kind), if there is one.
+    func image(key: String, uid: String) async throws(ServiceError) -> StoredImage? {
+        let folder = "\(root)/\(uid)"
+        return try await io("looking up the image") { Self.keyedImage(key: key, in: folder, uid: uid) }
+    }
+
+    /// Stores the processed image and its thumbnail in `uid`'s folder, under a new name, or under
+    /// `key` when given.
     ///
     /// With a `key` whose image is already stored (in any of the kinds), nothing is written and
-    /// that image is answered, with its own kind and size. The look-up and the write run in one
+    /// that image is answered, with its own kind and size. The look-up and the writes run in one
     /// operation on the storage's serial queue, so of two uploads with one key exactly one
-    /// stores a file; and the final name is made with `link`, which never replaces a file.
+    /// stores its files; and the image's final name is made with `link`, which never replaces a
+    /// file.
     ///
-    /// The bytes go to a temporary file in the same folder, are flushed to disk, and only then
-    /// get their final name, so a crash never leaves a partial image under that name.
+    /// Each file goes to a temporary file in the same folder, is flushed to disk, and only then
+    /// gets its final name, so a crash never leaves a partial file under that name. The thumbnail
+    /// gets its name first: an image is never there without its thumbnail, and a thumbnail
+    /// whose image never got its name is removed by the next ``prepare()``.
     ///
     /// - Parameter key: a valid ``IdempotencyKey`` (the caller checks it). On a file system
     ///   that ignores letter case (macOS by default), keys that differ only in case name one file.
-    func store(_ bytes: Data, kind: ImageKind, uid: String, key: String? = nil) async throws(ServiceError) -> Stored {
+    func store(_ processed: ProcessedImage, uid: String, key: String? = nil) async throws(ServiceError) -> Stored {
         let folder = "\(root)/\(uid)"
-        let temporary = "\(folder)/\(ImagePaths.newTemporaryFileName())"
-        guard let key else {
-            let file = ImagePaths.newFileName(kind: kind)
-            try await io("storing the image") {
-                try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-                do {
-                    try Self.writeAndSync(bytes, to: temporary)
-                    try Self.posix("rename") { rename(temporary, "\(folder)/\(file)") }
-                } catch {
-                    unlink(temporary)
-                    throw error
-                }
-            }
-            return Stored(image: StoredImage(path: "\(uid)/\(file)", kind: kind, bytes: bytes.count), isNew: true)
-        }
+        let kind = processed.kind
         return try await io("storing the image") {
-            if let earlier = Self.keyedImage(key: key, in: folder, uid: uid) { return Stored(image: earlier, isNew: false) }
-            let file = ImagePaths.keyedFileName(key: key, kind: kind)
-            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-            defer { unlink(temporary) }
-            try Self.writeAndSync(bytes, to: temporary)
-            guard link(temporary, "\(folder)/\(file)") == 0 else {
-                // Another process sharing the folder stored this key first.
-                if errno == EEXIST, let earlier = Self.keyedImage(key: key, in: folder, uid: uid) {
+            if let key, let earlier = Self.keyedImage(key: key, in: folder, uid: uid) {
+                return Stored(image: earlier, isNew: false)
+            }
+            let file = key.map { ImagePaths.keyedFileName(key: $0, kind: kind) } ?? ImagePaths.newFileName(kind: kind)
+            guard let thumbnail = StoredImagePath.thumbnailFileName(ofImage: file) else {
+                throw POSIXFailure(call: "naming \(file)", code: EINVAL)
+            }
+            try FileManager.default.createDirectory(
+                atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: Self.folderMode])
+            try Self.place(processed.thumbnail, at: "\(folder)/\(thumbnail)", replacing: true)
+            do {
+                try Self.place(processed.image, at: "\(folder)/\(file)", replacing: false)
+            } catch let failure as POSIXFailure where failure.code == EEXIST {
+                // Another process sharing the folder stored this key first (and its thumbnail,
+                // which ours has replaced: both are of an upload with this key).
+                if let key, let earlier = Self.keyedImage(key: key, in: folder, uid: uid) {
                     return Stored(image: earlier, isNew: false)
                 }
-                throw POSIXFailure(call: "link", code: errno)
+                throw failure
             }
-            return Stored(image: StoredImage(path: "\(uid)/\(file)", kind: kind, bytes: bytes.count), isNew: true)
+            let image = StoredImage(
+                path: "\(uid)/\(file)", kind: kind, bytes: processed.image.count, thumbnailPath: "\(uid)/\(thumbnail)")
+            return Stored(image: image, isNew: true)
+        }
+    }
+
+    /// Writes `bytes` to a temporary file in the destination's folder, flushes it, and gives it
+    /// its final name: with `rename` (replacing a file of that name) or with `link` (failing with
+    /// `EEXIST` when there is one). Runs on the storage's queue.
+    private static func place(_ bytes: Data, at path: String, replacing: Bool) throws {
+        let folder = (path as NSString).deletingLastPathComponent
+        let temporary = "\(folder)/\(ImagePaths.newTemporaryFileName())"
+        defer { unlink(temporary) }
+        try writeAndSync(bytes, to: temporary)
+        if replacing {
+            try posix("rename") { rename(temporary, path) }
+        } else {
+            try posix("link") { link(temporary, path) }
         }
     }
 
@@ -115,19 +162,28 @@ final class ImageStorage: Sendable {
             let file = ImagePaths.keyedFileName(key: key, kind: kind)
             var status = stat()
             guard lstat("\(folder)/\(file)", &status) == 0, status.st_mode & S_IFMT == S_IFREG else { continue }
-            return StoredImage(path: "\(uid)/\(file)", kind: kind, bytes: Int(status.st_size))
+            let thumbnail = StoredImagePath.thumbnailFileName(ofImage: file).flatMap { isRegularFile("\(folder)/\($0)") ? $0 : nil }
+            return StoredImage(
+                path: "\(uid)/\(file)", kind: kind, bytes: Int(status.st_size), thumbnailPath: thumbnail.map { "\(uid)/\($0)" })
         }
         return nil
     }
 
-    /// Deletes one image of `uid`, and `uid`'s folder when that was the last thing in it.
+    /// Deletes one image of `uid` and its thumbnail, and `uid`'s folder when that was the last
+    /// thing in it.
     ///
+    /// - Parameter file: an image's file name (``StoredImagePath/isImageFileName(_:)-swift.type.method``).
     /// - Returns: `false` when there was no such image.
     func delete(uid: String, file: String) async throws(ServiceError) -> Bool {
         let folder = "\(root)/\(uid)"
         return try await io("deleting the image") {
             guard unlink("\(folder)/\(file)") == 0 else {
                 if errno == ENOENT { return false }
+                throw POSIXFailure(call: "unlink", code: errno)
+            }
+            if let thumbnail = StoredImagePath.thumbnailFileName(ofImage: file), unlink("\(folder)/\(thumbnail)") != 0,
+                errno != ENOENT
+            {
                 throw POSIXFailure(call: "unlink", code: errno)
             }
             // The image is gone whatever happens next; a folder that cannot be removed is
@@ -138,9 +194,9 @@ final class ImageStorage: Sendable {
     }
 
     /// Deletes `uid`'s folder and everything in it, or, with `keep`, everything in it but
-    /// that file (the folder stays while it holds anything).
+    /// that image and its thumbnail (the folder stays while it holds anything).
     ///
-    /// - Parameter keep: a file name in the folder to leave in place; it need not exist.
+    /// - Parameter keep: an image's file name in the folder to leave in place; it need not exist.
     /// - Returns: how many images were deleted (0 when there was no folder).
     func deleteAll(uid: String, keeping keep: String? = nil) async throws(ServiceError) -> Int {
         let folder = "\(root)/\(uid)"
@@ -156,7 +212,8 @@ final class ImageStorage: Sendable {
                 return names.filter(ImagePaths.isImageFileName).count
             }
             var deleted = 0
-            for name in names where name != keep {
+            let kept: Set = [keep, StoredImagePath.thumbnailFileName(ofImage: keep) ?? keep]
+            for name in names where !kept.contains(name) {
                 try FileManager.default.removeItem(atPath: "\(folder)/\(name)")
                 if ImagePaths.isImageFileName(name) { deleted += 1 }
             }
@@ -199,7 +256,7 @@ final class ImageStorage: Sendable {
     }
 
     private static func writeAndSync(_ bytes: Data, to path: String) throws {
-        let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
+        let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, fileMode)
         guard descriptor >= 0 else { throw POSIXFailure(call: "open", code: errno) }
         defer { close(descriptor) }
         try bytes.withUnsafeBytes { buffer in
@@ -267,20 +324,10 @@ enum ImagePaths {
         "\(key).\(kind.fileExtension)"
     }
 
-    /// Whether `name` is one that ``newFileName(kind:)`` or ``keyedFileName(key:kind:)`` could
-    /// have made: a well-formed idempotency key (lowercase UUIDs are among them) and an image
-    /// kind's extension.
-    static func isImageFileName(_ name: String) -> Bool {
-        guard let dot = name.lastIndex(of: ".") else { return false }
-        let stem = String(name[..<dot])
-        let fileExtension = String(name[name.index(after: dot)...])
-        return IdempotencyKey.isValid(stem) && ImageKind.allCases.contains { $0.fileExtension == fileExtension }
-    }
+    /// Whether `name` is an image's file name as ``newFileName(kind:)`` or
+    /// ``keyedFileName(key:kind:)`` make them (not a thumbnail's).
+    static func isImageFileName(_ name: String) -> Bool { StoredImagePath.isImageFileName(name) }
 
-    /// The file name in `path` when it is exactly `<uid>/<file>` with a name the store makes.
-    static func fileName(in path: String, uid: String) -> String? {
-        let parts = path.split(separator: "/", omittingEmptySubsequences: false)
-        guard parts.count == 2, parts[0] == uid, isImageFileName(String(parts[1])) else { return nil }
-        return String(parts[1])
-    }
+    /// The file name in `path` when it is exactly `<uid>/<file>` with an image name the store makes.
+    static func fileName(in path: String, uid: String) -> String? { StoredImagePath.imageFileName(in: path, uid: uid) }
 }

@@ -5,23 +5,30 @@ import OnboardingAPI
 import ServiceLifecycle
 import ServiceRuntime
 
-/// The image-upload service: stores profile images under the person's uid and deletes them.
+/// The image-upload service: checks, cleans and stores profile images under the person's uid,
+/// and deletes them.
 ///
 /// Requests (at ``Configuration/rpc``, all from other services, naming the person in the
 /// envelope's `uid`):
-/// - `image.upload`: the image as the binary frame; accepted only when its bytes are a PNG,
-///   JPEG, WebP or HEIC image within ``Configuration/maxImageBytes`` (the declared content type
-///   is not trusted). Answers the stored path `<uid>/<file>`; file names are made here. With an
-///   `idempotencyKey`, the file is named after the key (`<uid>/<key>.<extension>`), and an upload
-///   that repeats a key the person's stored images already use is answered with that image
-///   (its own kind and size) and stores nothing. Once that image is deleted, the key stores anew.
-/// - `image.delete`: one image, by the path upload returned.
-/// - `image.deleteAll`: every image of the person, except `keep` when given (a path
-///   `<uid>/<file>` of this person, or the request is `invalidRequest`; it need not exist).
+/// - `image.upload`: the image as the binary frame. Its kind is judged by its bytes (PNG, JPEG,
+///   WebP or HEIC; the declared content type is not trusted), it must be within
+///   ``Configuration/maxImageBytes``, its header within ``Configuration/limits`` (read before any
+///   pixel is decoded), and it must decode completely. What is stored is not the upload but its
+///   pixels encoded again, upright, with no metadata (see ``ImagePipeline``), and a square
+///   thumbnail beside it. Answers both paths, `<uid>/<name>.<extension>` and
+///   `<uid>/<name>.thumb.<extension>`; names are made here. With an `idempotencyKey`, the name is
+///   the key, and an upload that repeats a key the person's stored images already use is
+///   answered with that image (its own kind and size), stores nothing and decodes nothing. Once
+///   that image is deleted, the key stores anew.
+/// - `image.delete`: one image and its thumbnail, by the path upload returned.
+/// - `image.deleteAll`: every image of the person, except `keep` (and its thumbnail) when given
+///   (a path `<uid>/<file>` of this person, or the request is `invalidRequest`; it need not
+///   exist).
 ///
 /// Thread safety: a value type; ``run()`` is called once, from a `ServiceGroup` or a test task.
-/// Handlers never block the cooperative thread pool: all file I/O runs on one serial queue
-/// owned by the image storage, and handlers suspend until it is done.
+/// Handlers never block the cooperative thread pool: images are decoded and encoded on the
+/// ``ImageProcessor``'s own threads (``Configuration/decodeThreads`` of them), and all file I/O
+/// runs on one serial queue owned by the image storage; handlers suspend until they are done.
 public struct ImageUploadService: Service {
     public struct Configuration: Sendable {
         /// Where requests are answered.
@@ -30,6 +37,10 @@ public struct ImageUploadService: Service {
         public var directory: String
         /// The largest image accepted, in bytes: from 1 to ``maxImageBytesCeiling``.
         public var maxImageBytes: Int
+        /// The pixel limits checked on the header before decoding, and the thumbnail's side.
+        public var imageLimits: ImageLimits
+        /// How many images are decoded at once, each on a thread of its own: from 1 to 64.
+        public var decodeThreads: Int
         /// The secret every request must carry (all of image-upload is service-only); `nil`
         /// trusts every caller (tests only).
         public var serviceToken: String?
@@ -39,11 +50,14 @@ public struct ImageUploadService: Service {
 
         public init(
             rpc: Endpoint = Defaults.imageRPC, directory: String, maxImageBytes: Int = Defaults.maxImageBytes,
+            imageLimits: ImageLimits = ImageLimits(), decodeThreads: Int = Defaults.imageDecodeThreads,
             serviceToken: String? = nil
         ) {
             self.rpc = rpc
             self.directory = directory
             self.maxImageBytes = maxImageBytes
+            self.imageLimits = imageLimits
+            self.decodeThreads = decodeThreads
             self.serviceToken = serviceToken
         }
 
@@ -62,8 +76,9 @@ public struct ImageUploadService: Service {
     private let bus: any MessageBus
     private let logger: Logger
 
-    /// - Throws: ``ServiceError`` `invalidRequest` when the directory is empty or the image
-    ///   limit is not from 1 byte to ``Configuration/maxImageBytesCeiling`` (1 GiB).
+    /// - Throws: ``ServiceError`` `invalidRequest` when the directory is empty, the image
+    ///   limit is not from 1 byte to ``Configuration/maxImageBytesCeiling`` (1 GiB), a pixel
+    ///   limit or the thumbnail side is below 1, or the decode threads are not from 1 to 64.
     public init(configuration: Configuration, bus: any MessageBus, logger: Logger) throws {
         guard !configuration.directory.isEmpty else {
             throw ServiceError(.invalidRequest, "image-upload's images directory is empty; give a folder path.")
@@ -75,18 +90,37 @@ public struct ImageUploadService: Service {
                 "image-upload's image limit (maxImageBytes) is \(configuration.maxImageBytes) bytes; "
                     + "it must be from 1 to \(ceiling) bytes (1 GiB).")
         }
+        let limits = configuration.imageLimits
+        guard limits.maxPixels >= 1, limits.maxSide >= 1, (1...4096).contains(limits.thumbnailSide) else {
+            throw ServiceError(
+                .invalidRequest,
+                "image-upload's pixel limits must be at least 1 (maxPixels \(limits.maxPixels), maxSide "
+                    + "\(limits.maxSide)) and the thumbnail side from 1 to 4096 (\(limits.thumbnailSide)).")
+        }
+        guard (1...64).contains(configuration.decodeThreads) else {
+            throw ServiceError(
+                .invalidRequest, "image-upload's decode threads must be from 1 to 64, not \(configuration.decodeThreads).")
+        }
         self.configuration = configuration
         self.bus = bus
         self.logger = logger
     }
 
-    /// Creates the images root if needed, removes temporary upload files a crash left behind,
-    /// and answers requests until graceful shutdown or cancellation, letting requests in flight
-    /// finish.
+    /// Starts libvips and the decode threads, creates the images root if needed (tightening the
+    /// modes of what is there), removes what a crash left behind, and answers requests until
+    /// graceful shutdown or cancellation, letting requests in flight finish.
     ///
-    /// - Throws: ``ServiceError`` `storeUnavailable` when the images root cannot be created, or
-    ///   the bus's error (such as `addressInUse`) when the endpoint cannot be bound.
+    /// - Throws: ``ServiceError`` `storeUnavailable` when the images root cannot be created,
+    ///   `internalError` when libvips cannot start, or the bus's error (such as `addressInUse`)
+    ///   when the endpoint cannot be bound.
     public func run() async throws {
+        let processor = try ImageProcessor(limits: configuration.imageLimits, threads: configuration.decodeThreads)
+        defer { processor.shutdown() }
+        try await run(processor: processor)
+    }
+
+    /// ``run()`` with a processor made elsewhere (tests hold its decode threads).
+    func run(processor: ImageProcessor) async throws {
         let storage = ImageStorage(root: configuration.directory)
         let leftovers = try await storage.prepare()
         if leftovers > 0 {
@@ -94,18 +128,24 @@ public struct ImageUploadService: Service {
                 "removed temporary upload files left by an earlier run",
                 metadata: ["count": "\(leftovers)", "directory": "\(configuration.directory)"])
         }
-        logger.info("image-upload keeps images in \(configuration.directory)")
+        let limits = configuration.imageLimits
+        logger.info(
+            "image-upload keeps images in \(configuration.directory)",
+            metadata: [
+                "maxImageBytes": "\(configuration.maxImageBytes)", "maxPixels": "\(limits.maxPixels)",
+                "maxSide": "\(limits.maxSide)", "decodeThreads": "\(processor.threads)",
+            ])
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc, limits: configuration.limits,
             dispatcher: Self.dispatcher(
-                storage: storage, maxImageBytes: configuration.maxImageBytes, serviceToken: configuration.serviceToken,
-                logger: logger),
+                storage: storage, processor: processor, maxImageBytes: configuration.maxImageBytes,
+                serviceToken: configuration.serviceToken, logger: logger),
             logger: logger, maxInFlight: 32)
         try await server.run()
     }
 
     private static func dispatcher(
-        storage: ImageStorage, maxImageBytes: Int, serviceToken: String?, logger: Logger
+        storage: ImageStorage, processor: ImageProcessor, maxImageBytes: Int, serviceToken: String?, logger: Logger
     ) -> RequestDispatcher {
         var dispatcher = RequestDispatcher(
             source: ServiceName.imageUpload, sessions: nil, serviceToken: serviceToken, logger: logger)
@@ -114,8 +154,28 @@ public struct ImageUploadService: Service {
             if let problem = IdempotencyKey.problem(request.idempotencyKey) { throw problem }
             let bytes = context.attachment ?? Data()
             let kind = try judge(bytes, maxImageBytes: maxImageBytes)
-            let stored = try await storage.store(bytes, kind: kind, uid: uid, key: request.idempotencyKey)
-            let metadata: Logger.Metadata = ["uid": "\(uid)", "path": "\(stored.image.path)", "bytes": "\(stored.image.bytes)"]
+            if let key = request.idempotencyKey, let earlier = try await storage.image(key: key, uid: uid) {
+                logger.info(
+                    "repeated upload answered with the image stored under its key",
+                    metadata: ["uid": "\(uid)", "path": "\(earlier.path)"])
+                return earlier
+            }
+            let started = ContinuousClock.now
+            let processed: ProcessedImage
+            do {
+                processed = try await processor.process(bytes, kind: kind)
+            } catch {
+                logger.info(
+                    "refused image", metadata: ["uid": "\(uid)", "sniffed": "\(kind.rawValue)", "error": "\(error)"])
+                throw error
+            }
+            let processing = ContinuousClock.now - started
+            let stored = try await storage.store(processed, uid: uid, key: request.idempotencyKey)
+            let metadata: Logger.Metadata = [
+                "uid": "\(uid)", "path": "\(stored.image.path)", "bytes": "\(stored.image.bytes)",
+                "uploadedBytes": "\(bytes.count)", "pixels": "\(processed.width)x\(processed.height)",
+                "processing": "\(processing)",
+            ]
             if stored.isNew {
                 logger.info("stored image", metadata: metadata)
             } else {
@@ -163,8 +223,8 @@ public struct ImageUploadService: Service {
         return uid
     }
 
-    /// Decides whether `bytes` are an acceptable image: not empty, within the limit, and of an
-    /// accepted kind by their magic numbers.
+    /// The checks made before anything is decoded: the bytes are not empty, within the limit,
+    /// and of an accepted kind by their magic numbers. ``ImagePipeline`` does the rest.
     static func judge(_ bytes: Data, maxImageBytes: Int) throws(ServiceError) -> ImageKind {
         guard !bytes.isEmpty else {
             throw ServiceError(.imageRejected, "The image is empty.", reason: "empty")

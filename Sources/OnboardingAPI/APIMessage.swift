@@ -230,12 +230,17 @@ public struct UpdateProfile: APIRequest {
 /// Why a profile was deleted.
 public enum DeletionReason: String, Codable, Sendable {
     /// The person (or an operator) deleted it; the account stays, so onboarding starts again.
+    /// The only reason an app may give.
     case request
-    /// The account was withdrawn.
+    /// The account was withdrawn. Given only by our services (the orchestrator's clean-up).
     case withdrawal
 }
 
-/// `profile.delete`
+/// `profile.delete`: the person's profile, freeing its username.
+///
+/// From an app (with a session) the reason is always ``DeletionReason/request``; `withdrawal`
+/// from a session is refused (`invalidRequest`, reason `withdrawalNotAllowed`): withdrawing is
+/// `auth.withdraw`, after which the services delete the profile themselves.
 public struct DeleteProfile: APIRequest {
     public typealias Response = DeleteProfileResult
     public static let type = "profile.delete"
@@ -307,7 +312,7 @@ public struct ProfileDeleted: APIEvent, Hashable {
 
 // MARK: - image-upload
 
-/// The image kinds accepted, judged by their first bytes.
+/// The image kinds accepted, judged by their first bytes and then decoded.
 public enum ImageKind: String, Codable, Sendable, CaseIterable {
     case png, jpeg, webp, heic
 
@@ -332,15 +337,23 @@ public struct UploadImage: APIRequest {
 }
 
 public struct StoredImage: Codable, Sendable, Hashable {
-    /// Where the image is stored, relative to image-upload's data directory: `<uid>/<file>`.
+    /// Where the image is stored, relative to image-upload's data directory: `<uid>/<file>`
+    /// (see ``StoredImagePath``). The profile keeps this path.
     public var path: String
+    /// The kind as stored: the uploaded kind, except HEIC, which is stored as JPEG.
     public var kind: ImageKind
+    /// The stored file's size: the re-encoded image, not the upload.
     public var bytes: Int
+    /// The square thumbnail stored beside the image, of the same kind:
+    /// `<uid>/<name>.thumb.<extension>`. Absent only for an image stored by an earlier version,
+    /// before thumbnails were made.
+    public var thumbnailPath: String?
 
-    public init(path: String, kind: ImageKind, bytes: Int) {
+    public init(path: String, kind: ImageKind, bytes: Int, thumbnailPath: String? = nil) {
         self.path = path
         self.kind = kind
         self.bytes = bytes
+        self.thumbnailPath = thumbnailPath
     }
 }
 

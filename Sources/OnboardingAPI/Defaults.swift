@@ -21,6 +21,16 @@ public enum Defaults {
     public static let dataDirectory = ".data"
     /// `ONBOARDING_MAX_IMAGE_BYTES`: the largest image accepted.
     public static let maxImageBytes = 5 * 1024 * 1024
+    /// `ONBOARDING_MAX_IMAGE_PIXELS`: the most pixels (width × height, read from the header
+    /// before anything is decoded) an image may have: 40 megapixels.
+    public static let maxImagePixels = 40_000_000
+    /// `ONBOARDING_MAX_IMAGE_SIDE`: the longest side an image may have, in pixels.
+    public static let maxImageSide = 10_000
+    /// `ONBOARDING_IMAGE_DECODE_THREADS`: how many images image-upload decodes at once, each on
+    /// a thread of its own.
+    public static let imageDecodeThreads = 2
+    /// The side of the square thumbnail stored beside every image, in pixels.
+    public static let thumbnailSide = 256
     /// `ONBOARDING_EVENT_RETENTION_HOURS`: how long auth and profile keep published events for
     /// subscribers to replay (`events.after`).
     public static let eventRetentionHours = 24

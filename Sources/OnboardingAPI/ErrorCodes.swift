@@ -16,7 +16,10 @@ extension ErrorCode {
     public static let profileExists: ErrorCode = "profileExists"
     /// The person has no profile to change.
     public static let profileNotFound: ErrorCode = "profileNotFound"
-    /// The image was refused; `reason` is `empty`, `tooLarge` or `unsupportedType`.
+    /// The image was refused; `reason` is `empty`, `tooLarge` (too many bytes, or too many
+    /// pixels by its header), `unsupportedType` (not PNG, JPEG, WebP or HEIC by its bytes) or
+    /// `invalidImage` (of an accepted kind by its first bytes, but it does not decode: truncated,
+    /// only a header, or damaged).
     public static let imageRejected: ErrorCode = "imageRejected"
     /// No such image for this person.
     public static let imageNotFound: ErrorCode = "imageNotFound"

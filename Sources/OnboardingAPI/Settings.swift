@@ -36,6 +36,45 @@ public enum Settings {
         return limit
     }
 
+    /// The most pixels an image may have: `--max-image-pixels`, `ONBOARDING_MAX_IMAGE_PIXELS`,
+    /// or 40,000,000.
+    ///
+    /// - Throws: ``ServiceError`` `invalidRequest` unless it is from 1 to 1,000,000,000.
+    public static func imagePixelLimit(_ flag: Int?) throws -> Int {
+        try ranged(
+            flag, env: "ONBOARDING_MAX_IMAGE_PIXELS", default: Defaults.maxImagePixels, 1...1_000_000_000,
+            "The image pixel limit")
+    }
+
+    /// The longest side an image may have: `--max-image-side`, `ONBOARDING_MAX_IMAGE_SIDE`, or
+    /// 10,000 pixels.
+    ///
+    /// - Throws: ``ServiceError`` `invalidRequest` unless it is from 1 to 100,000.
+    public static func imageSideLimit(_ flag: Int?) throws -> Int {
+        try ranged(flag, env: "ONBOARDING_MAX_IMAGE_SIDE", default: Defaults.maxImageSide, 1...100_000, "The image side limit")
+    }
+
+    /// How many images are decoded at once: `--image-decode-threads`,
+    /// `ONBOARDING_IMAGE_DECODE_THREADS`, or 2.
+    ///
+    /// - Throws: ``ServiceError`` `invalidRequest` unless it is from 1 to 64.
+    public static func imageDecodeThreads(_ flag: Int?) throws -> Int {
+        try ranged(
+            flag, env: "ONBOARDING_IMAGE_DECODE_THREADS", default: Defaults.imageDecodeThreads, 1...64,
+            "The number of image decode threads")
+    }
+
+    private static func ranged(
+        _ flag: Int?, env: String, default value: Int, _ range: ClosedRange<Int>, _ what: String
+    ) throws -> Int {
+        let number = try integer(flag, env: env, default: value)
+        guard range.contains(number) else {
+            throw ServiceError(
+                .invalidRequest, "\(what) (\(env)) must be from \(range.lowerBound) to \(range.upperBound), not \(number).")
+        }
+        return number
+    }
+
     /// How many hours of events a publisher keeps for replay: `--event-retention-hours`,
     /// `ONBOARDING_EVENT_RETENTION_HOURS`, or 24.
     ///

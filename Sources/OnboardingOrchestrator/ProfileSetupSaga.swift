@@ -45,15 +45,19 @@ public struct ProfileSetupSaga: Sendable {
     private var failure: ServiceError?
     /// The profile found after an unknown outcome: the set-up succeeds once strays are removed.
     private var found: Profile?
+    /// The format rule the username breaks, found by the one bounded check in `init`.
+    private let usernameProblem: UsernameProblem?
 
     public init(username: String, hasImage: Bool) {
-        self.username = UsernameRules.normalized(username)
+        let checked = UsernameRules.check(username)
+        self.username = checked.normalized
+        self.usernameProblem = checked.problem
         self.hasImage = hasImage
     }
 
     /// The first step. A username with a format problem fails here, before anything is uploaded.
     public func start() -> Step {
-        if let problem = UsernameRules.formatProblem(username) { return .fail(.username(problem), settled: true) }
+        if let problem = usernameProblem { return .fail(.username(problem), settled: true) }
         return hasImage ? .uploadImage : .createProfile(username: username, imagePath: nil)
     }
 

@@ -30,6 +30,11 @@ struct ProfileRequests: Sendable {
         }
         dispatcher.on(DeleteProfile.self, access: .sessionOrService) { request, context in
             let uid = try context.requireUID()
+            // An app deletes a profile only as the person's own request: a withdrawal is auth's
+            // to announce (auth.withdraw), and the orchestrator treats the two differently.
+            if request.reason == .withdrawal, context.message.header.sessionToken != nil {
+                throw Self.withdrawalFromSession
+            }
             let deleted = try await store.delete(uid: uid, reason: request.reason, correlationId: context.message.header.id)
             cache.remove(uid)
             return DeleteProfileResult(deleted: deleted)
@@ -44,6 +49,13 @@ struct ProfileRequests: Sendable {
         dispatcher.onEventsAfter(database: store.writer)
         return dispatcher
     }
+
+    /// The refusal of `profile.delete` with reason `withdrawal` from an app (a session caller).
+    static let withdrawalFromSession = ServiceError(
+        .invalidRequest,
+        "An app deletes a profile with reason 'request'; 'withdrawal' is for our services. "
+            + "To withdraw the account, call auth.withdraw.",
+        reason: "withdrawalNotAllowed")
 
     /// The profile of `uid` (or none) and how new that answer is, from the cache, or from the
     /// store (then cached). A store failure is thrown, never cached.

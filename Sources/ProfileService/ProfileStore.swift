@@ -121,19 +121,20 @@ public struct ProfileStore: Sendable {
 
     /// Whether `username` could be claimed now, and if not, why.
     ///
-    /// Format problems are reported without touching the store. A name held by anyone, the
-    /// caller included, is `duplicated`; letter case and Unicode composition are ignored.
+    /// Format problems are reported without touching the store; the name is checked once, with
+    /// bounded work (``UsernameRules/check(_:)``), so a hostile name costs microseconds. A name
+    /// held by anyone, the caller included, is `duplicated`; letter case and Unicode composition
+    /// are ignored.
     /// - Throws: `storeUnavailable`.
     public func availability(of username: String) async throws(ServiceError) -> UsernameAvailability {
-        let normalized = UsernameRules.normalized(username)
-        if let problem = UsernameRules.formatProblem(normalized) {
-            return UsernameAvailability(username: normalized, available: false, reason: problem)
+        let checked = UsernameRules.check(username)
+        guard let key = checked.uniquenessKey else {
+            return UsernameAvailability(username: checked.normalized, available: false, reason: checked.problem)
         }
-        let key = UsernameRules.uniquenessKey(normalized)
         let taken = try await run(write: false) { db in
             try !ProfileRow.filter(ProfileRow.Columns.usernameKey == key).isEmpty(db)
         }
-        return UsernameAvailability(username: normalized, available: !taken, reason: taken ? .duplicated : nil)
+        return UsernameAvailability(username: checked.normalized, available: !taken, reason: taken ? .duplicated : nil)
     }
 
     // MARK: Changing
@@ -151,8 +152,9 @@ public struct ProfileStore: Sendable {
     /// - Parameters:
     ///   - idempotencyKey: see ``IdempotencyKey``.
     ///   - correlationId: the request that caused it, carried by the event.
-    /// - Throws: `invalidUsername`, `invalidRequest` (an image path that is not `<uid>/<file>`, or a
-    ///   malformed idempotency key), `profileExists`, `usernameTaken` or `storeUnavailable`.
+    /// - Throws: `invalidUsername`, `invalidRequest` (an image path that is not one of this
+    ///   person's as image-upload makes them, or a malformed idempotency key), `profileExists`,
+    ///   `usernameTaken` or `storeUnavailable`.
     public func create(
         uid: String, username: String, imagePath: String?, idempotencyKey: String? = nil, correlationId: String? = nil
     ) async throws(ServiceError) -> Profile {
@@ -169,7 +171,7 @@ public struct ProfileStore: Sendable {
         uid: String, username: String, imagePath: String?, idempotencyKey: String? = nil, correlationId: String? = nil
     ) async throws(ServiceError) -> (profile: Profile, sequence: UInt64) {
         if let problem = IdempotencyKey.problem(idempotencyKey) { throw problem }
-        let username = try Self.validated(username)
+        let (username, usernameKey) = try Self.validated(username)
         try Self.validate(imagePath: imagePath, of: uid)
         let (outbox, afterCommit) = (self.outbox, self.afterCommit)
         return try await run { db in
@@ -179,7 +181,7 @@ public struct ProfileStore: Sendable {
             }
             let now = Timestamp.now()
             var row = ProfileRow(
-                uid: uid, username: username, usernameKey: UsernameRules.uniquenessKey(username),
+                uid: uid, username: username, usernameKey: usernameKey,
                 imagePath: imagePath, createdAt: now, updatedAt: now, createKey: idempotencyKey)
             // The event first, so the row is written once with its sequence; a refused claim
             // below rolls both back.
@@ -194,8 +196,8 @@ public struct ProfileStore: Sendable {
     ///
     /// A field that is `nil` stays as it is. When nothing would change, the profile is returned
     /// as it is and no event is recorded.
-    /// - Throws: `invalidUsername`, `invalidRequest` (an image path that is not `<uid>/<file>`), `profileNotFound`,
-    ///   `usernameTaken` or `storeUnavailable`.
+    /// - Throws: `invalidUsername`, `invalidRequest` (an image path that is not one of this person's
+    ///   as image-upload makes them), `profileNotFound`, `usernameTaken` or `storeUnavailable`.
     public func update(uid: String, username: String?, imagePath: String?, correlationId: String? = nil)
         async throws(ServiceError) -> Profile
     {
@@ -216,8 +218,8 @@ public struct ProfileStore: Sendable {
             }
             let before = row
             if let username {
-                row.username = username
-                row.usernameKey = UsernameRules.uniquenessKey(username)
+                row.username = username.name
+                row.usernameKey = username.key
             }
             if let imagePath { row.imagePath = imagePath }
             guard row != before else { return (row.profile, row.sequence) }
@@ -249,22 +251,25 @@ public struct ProfileStore: Sendable {
     private static let profileExists = ServiceError(
         .profileExists, "This person already has a profile; change it with profile.update.")
 
-    private static func validated(_ username: String) throws(ServiceError) -> String {
-        let normalized = UsernameRules.normalized(username)
-        if let problem = UsernameRules.formatProblem(normalized) { throw .username(problem) }
-        return normalized
+    /// The username as stored (NFC) and its uniqueness key, from one bounded check: the name is
+    /// normalized once per request.
+    private static func validated(_ username: String) throws(ServiceError) -> (name: String, key: String) {
+        let checked = UsernameRules.check(username)
+        guard let key = checked.uniquenessKey else { throw .username(checked.problem ?? .invalidCharacters) }
+        return (checked.normalized, key)
     }
 
-    /// An image path must name one of the person's own images, as image-upload returns them:
-    /// `<uid>/<file>`.
+    /// An image path must name one of the person's own images exactly as image-upload makes
+    /// them (``StoredImagePath``): `<uid>/<name>.<extension>`, where the name is a UUID or an
+    /// idempotency key and the extension an image kind's. Anything else (another person's
+    /// image, a thumbnail, `<uid>/evil<script>.html`) is refused.
     private static func validate(imagePath: String?, of uid: String) throws(ServiceError) {
         guard let imagePath else { return }
-        let prefix = uid + "/"
-        let file = imagePath.hasPrefix(prefix) ? imagePath.dropFirst(prefix.count) : ""
-        guard !file.isEmpty, !file.contains("/"), file != ".", file != ".." else {
+        guard StoredImagePath.imageFileName(in: imagePath, uid: uid) != nil else {
             throw ServiceError(
                 .invalidRequest,
-                "imagePath must be the path image.upload returned for this person (<uid>/<file>); leave it out when there is no image.")
+                "imagePath must be the path image.upload returned for this person (<uid>/<name>.<png|jpeg|webp|heic>); "
+                    + "leave it out when there is no image.")
         }
     }
 

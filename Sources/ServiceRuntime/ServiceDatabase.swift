@@ -15,6 +15,10 @@ public enum ServiceDatabase {
     /// the request that made it. Run ``withCheckpoints(path:logger:_:)`` beside the service so a
     /// connection of its own does that work in the background.
     ///
+    /// Only the owner can read the files: the database is created 0600 before SQLite opens it
+    /// (SQLite gives its `-wal` and `-shm` files the database's mode), and an existing database
+    /// and its `-wal`/`-shm` are tightened to 0600 first.
+    ///
     /// - Parameter path: a file path, or `nil` for a private in-memory database (tests).
     public static func open(path: String?) throws -> any DatabaseWriter {
         var configuration = GRDB.Configuration()
@@ -29,7 +33,26 @@ public enum ServiceDatabase {
         }
         let directory = URL(fileURLWithPath: path).deletingLastPathComponent()
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        try restrictToOwner(databaseAt: path)
         return try DatabasePool(path: path, configuration: configuration)
+    }
+
+    /// The mode of database files: read and written by their owner only.
+    public static let fileMode: mode_t = 0o600
+
+    /// Creates the database file 0600 when it does not exist, and sets the database and its
+    /// `-wal`, `-shm` and `-journal` files that exist to 0600.
+    static func restrictToOwner(databaseAt path: String) throws {
+        let descriptor = Foundation.open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, fileMode)
+        if descriptor >= 0 {
+            close(descriptor)
+        } else if errno != EEXIST {
+            throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
+        }
+        for file in [path, path + "-wal", path + "-shm", path + "-journal"] where chmod(file, fileMode) != 0 {
+            if errno == ENOENT { continue }
+            throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
+        }
     }
 }
 

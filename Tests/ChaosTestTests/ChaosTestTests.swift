@@ -246,12 +246,19 @@ extension RunPlanTests {
         stores.accounts = [uid]
         stores.profiles[uid] = StoredProfile(username: "minji", imagePath: "\(uid)/a.png")
         stores.usernameHolders["minji"] = uid
-        stores.imageFiles[uid] = ["a.png"]
+        stores.imageFiles[uid] = ["a.png", "a.thumb.png"]
         let evidence = Evidence(
             people: [person(setUp: true, image: true, withdrew: false)], stores: stores,
             recording: recording([("p", .presentProfileSetup, .signedIn), ("d", .dismiss, .profileCreated)]),
             routeStates: state("d", .dismiss, .profileCreated))
         #expect(Verdict.lost(in: evidence).isEmpty)
+
+        // Without its thumbnail the image is incomplete; another image's thumbnail is a stray.
+        var withoutThumbnail = stores
+        withoutThumbnail.imageFiles[uid] = ["a.png", "b.thumb.png"]
+        let lost = Verdict.lost(in: Evidence(
+            people: evidence.people, stores: withoutThumbnail, recording: evidence.recording, routeStates: evidence.routeStates))
+        #expect(Set(lost.first?.problems.map(\.rule) ?? []) == [.imageMissing, .strayImages])
     }
 
     @Test func leftoversOfAWithdrawalAreFound() {

@@ -1,4 +1,5 @@
 import Foundation
+import ImageFixtures
 import ImageUploadService
 import Logging
 import Messaging
@@ -7,7 +8,8 @@ import ServiceRuntime
 import Synchronization
 import Testing
 
-/// Minimal real headers of each kind, and of things that are not accepted images.
+/// The first bytes of each kind, and of things that are not accepted images, for the sniffer
+/// (whole images for uploads are in ``Samples``).
 enum SampleBytes {
     static func ascii(_ text: String) -> [UInt8] { Array(text.utf8) }
 
@@ -43,14 +45,6 @@ enum SampleBytes {
         + [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF] + ascii("heic") + [0, 0, 0, 0] + ascii("mif1heic")
     static let mif1WithAVIF: [UInt8] = [0x00, 0x00, 0x00, 0x18] + ascii("ftypmif1") + [0, 0, 0, 0] + ascii("mif1avif")
 
-    static func image(_ kind: ImageKind) -> [UInt8] {
-        switch kind {
-        case .png: png
-        case .jpeg: jpeg
-        case .webp: webp
-        case .heic: heic
-        }
-    }
 }
 
 struct SniffCase: Sendable, CustomTestStringConvertible {
@@ -115,10 +109,14 @@ struct ImageUploadServiceTests {
         }
     }
 
-    func upload(_ bytes: [UInt8]?, contentType: String? = "image/png", uid: String? = nil) async throws -> StoredImage {
+    func upload(_ bytes: Data?, contentType: String? = "image/png", uid: String? = nil) async throws -> StoredImage {
         try await bus.call(
-            UploadImage(contentType: contentType), to: rpc, source: "test", uid: uid ?? self.uid,
-            attachment: bytes.map { Data($0) })
+            UploadImage(contentType: contentType), to: rpc, source: "test", uid: uid ?? self.uid, attachment: bytes)
+    }
+
+    /// The stored image's file and its thumbnail's, as listed in the person's folder.
+    func files(of image: StoredImage) -> [String] {
+        [image.path, image.thumbnailPath ?? "-"].map { String($0.dropFirst(uid.count + 1)) }.sorted()
     }
 
     func delete(_ path: String, uid: String? = nil) async throws -> DeletedImages {
@@ -147,26 +145,28 @@ struct ImageUploadServiceTests {
 
     // MARK: Uploading
 
-    @Test("an image of each accepted kind is stored under the person's uid", arguments: ImageKind.allCases)
+    @Test("an image of each accepted kind is stored under the person's uid, with its thumbnail", arguments: Samples.kinds)
     func uploadEachKind(kind: ImageKind) async throws {
         try await withImages { directory in
-            let bytes = SampleBytes.image(kind) + [UInt8](repeating: 0x42, count: 1000)
+            let bytes = try #require(Samples.image(kind))
             let stored = try await upload(bytes, contentType: "application/octet-stream")
-            #expect(stored.kind == kind)
-            #expect(stored.bytes == bytes.count)
-            #expect(stored.path.hasPrefix("\(uid)/") && stored.path.hasSuffix(".\(kind.fileExtension)"))
-            #expect(FileManager.default.contents(atPath: "\(directory)/\(stored.path)") == Data(bytes))
-            #expect(contents(of: "\(directory)/\(uid)") == [String(stored.path.dropFirst(uid.count + 1))])
+            let storedKind: ImageKind = kind == .heic ? .jpeg : kind
+            #expect(stored.kind == storedKind)
+            #expect(stored.path.hasPrefix("\(uid)/") && stored.path.hasSuffix(".\(storedKind.fileExtension)"))
+            let file = FileManager.default.contents(atPath: "\(directory)/\(stored.path)")
+            #expect(file?.count == stored.bytes)
+            #expect(file.flatMap { TestImage.decode($0) } != nil)
+            #expect(contents(of: "\(directory)/\(uid)") == files(of: stored))
         }
     }
 
     @Test("the service names the files, so two uploads never collide")
     func uploadsGetNewNames() async throws {
         try await withImages { directory in
-            let first = try await upload(SampleBytes.png)
-            let second = try await upload(SampleBytes.png)
+            let first = try await upload(Samples.png)
+            let second = try await upload(Samples.png)
             #expect(first.path != second.path)
-            #expect(contents(of: "\(directory)/\(uid)").count == 2)
+            #expect(contents(of: "\(directory)/\(uid)") == (files(of: first) + files(of: second)).sorted())
         }
     }
 
@@ -174,7 +174,7 @@ struct ImageUploadServiceTests {
     func fakeImage() async throws {
         try await withImages { directory in
             let error = try await expectRefusal(.imageRejected, reason: "unsupportedType") {
-                try await upload(SampleBytes.gif, contentType: "image/png")
+                try await upload(Data(SampleBytes.gif), contentType: "image/png")
             }
             for kind in ImageKind.allCases { #expect(error?.message.contains(kind.rawValue) == true) }
             #expect(contents(of: directory).isEmpty)
@@ -184,20 +184,23 @@ struct ImageUploadServiceTests {
     @Test("an empty image is refused")
     func emptyImage() async throws {
         try await withImages { _ in
-            try await expectRefusal(.imageRejected, reason: "empty") { try await upload([]) }
+            try await expectRefusal(.imageRejected, reason: "empty") { try await upload(Data()) }
         }
     }
 
     @Test("an image over the limit is refused and the message states the limit")
     func tooLarge() async throws {
         try await withImages(maxImageBytes: 1024) { directory in
-            let padding = { (count: Int) in SampleBytes.png + [UInt8](repeating: 0, count: count - SampleBytes.png.count) }
+            #expect(Samples.png.count < 1024)
+            // A whole PNG followed by zeros: bytes after the image do not make it invalid.
+            let padding = { (count: Int) in Samples.png + Data(repeating: 0, count: count - Samples.png.count) }
             let error = try await expectRefusal(.imageRejected, reason: "tooLarge") { try await upload(padding(1025)) }
             #expect(error?.message.contains("1024") == true)
             try await expectRefusal(.imageRejected, reason: "tooLarge") { try await upload(padding(2048)) }
             try await expectRefusal(.messageTooLarge) { try await upload(padding(2049)) }
             #expect(contents(of: directory).isEmpty)
-            #expect(try await upload(padding(1024)).bytes == 1024)
+            let stored = try await upload(padding(1024))
+            #expect(stored.kind == .png && stored.bytes < 1024)
         }
     }
 
@@ -211,7 +214,7 @@ struct ImageUploadServiceTests {
     @Test("a uid that is not a safe folder name is refused", arguments: ["../evil", "a/b", ".", "..", "x y", String(repeating: "a", count: 65)])
     func unsafeUID(uid: String) async throws {
         try await withImages { directory in
-            try await expectRefusal(.invalidRequest) { try await upload(SampleBytes.png, uid: uid) }
+            try await expectRefusal(.invalidRequest) { try await upload(Samples.png, uid: uid) }
             try await expectRefusal(.invalidRequest) { try await deleteAll(uid: uid) }
             #expect(contents(of: directory).isEmpty)
             #expect(!FileManager.default.fileExists(atPath: "\(directory)/../evil"))
@@ -222,7 +225,7 @@ struct ImageUploadServiceTests {
     func missingUID() async throws {
         try await withImages { _ in
             try await expectRefusal(.invalidRequest) {
-                try await bus.call(UploadImage(), to: rpc, source: "test", attachment: Data(SampleBytes.png))
+                try await bus.call(UploadImage(), to: rpc, source: "test", attachment: Samples.png)
             }
         }
     }
@@ -234,30 +237,32 @@ struct ImageUploadServiceTests {
         arguments: [
             "../x", "{other}/{file}", "/etc/passwd", "{root}/{uid}/{file}", "{uid}/../{uid}/{file}", "{uid}/{file}/",
             "{uid}//{file}", "{uid}/", "{uid}", "", "{uid}/.", "{uid}/..", "{uid}/not a name.png", "{uid}/{file}.gif",
-            "{uid}/.upload-x.tmp",
+            "{uid}/.upload-x.tmp", "{uid}/{thumbnail}",
         ])
     func deleteTraversal(template: String) async throws {
         try await withImages { directory in
-            let stored = try await upload(SampleBytes.png)
+            let stored = try await upload(Samples.png)
+            let thumbnail = String(try #require(stored.thumbnailPath).dropFirst(uid.count + 1))
             let file = String(stored.path.dropFirst(uid.count + 1))
             let path = template
                 .replacingOccurrences(of: "{root}", with: directory)
                 .replacingOccurrences(of: "{other}", with: UUID().uuidString.lowercased())
                 .replacingOccurrences(of: "{uid}", with: uid)
                 .replacingOccurrences(of: "{file}", with: file)
+                .replacingOccurrences(of: "{thumbnail}", with: thumbnail)
             try await expectRefusal(.invalidRequest) { try await delete(path) }
             #expect(FileManager.default.fileExists(atPath: "\(directory)/\(stored.path)"))
+            #expect(FileManager.default.fileExists(atPath: "\(directory)/\(uid)/\(thumbnail)"))
         }
     }
 
-    @Test("deleting one image removes only that image")
+    @Test("deleting one image removes only that image and its thumbnail")
     func deleteOne() async throws {
         try await withImages { directory in
-            let kept = try await upload(SampleBytes.jpeg)
-            let removed = try await upload(SampleBytes.png)
+            let kept = try await upload(Samples.jpeg)
+            let removed = try await upload(Samples.png)
             #expect(try await delete(removed.path).deleted == 1)
-            #expect(!FileManager.default.fileExists(atPath: "\(directory)/\(removed.path)"))
-            #expect(FileManager.default.fileExists(atPath: "\(directory)/\(kept.path)"))
+            #expect(contents(of: "\(directory)/\(uid)") == files(of: kept))
             try await expectRefusal(.imageNotFound) { try await delete(removed.path) }
         }
     }
@@ -265,7 +270,7 @@ struct ImageUploadServiceTests {
     @Test("another service cannot delete someone else's image by naming its path")
     func deleteOthersImage() async throws {
         try await withImages { directory in
-            let theirs = try await upload(SampleBytes.png, uid: "someone-else")
+            let theirs = try await upload(Samples.png, uid: "someone-else")
             try await expectRefusal(.invalidRequest) { try await delete(theirs.path) }
             #expect(FileManager.default.fileExists(atPath: "\(directory)/\(theirs.path)"))
         }
@@ -274,8 +279,8 @@ struct ImageUploadServiceTests {
     @Test("deleting all of a person's images removes their folder and counts the images")
     func deleteAllImages() async throws {
         try await withImages { directory in
-            for kind in [ImageKind.png, .jpeg, .webp] { _ = try await upload(SampleBytes.image(kind)) }
-            let other = try await upload(SampleBytes.heic, uid: "someone-else")
+            for image in [Samples.png, Samples.jpeg, Samples.webp] { _ = try await upload(image) }
+            let other = try await upload(Samples.jpeg, uid: "someone-else")
             #expect(try await deleteAll().deleted == 3)
             #expect(!FileManager.default.fileExists(atPath: "\(directory)/\(uid)"))
             #expect(FileManager.default.fileExists(atPath: "\(directory)/\(other.path)"))
@@ -286,38 +291,42 @@ struct ImageUploadServiceTests {
     @Test("deleting a person's last image removes their folder")
     func deleteLastImageRemovesFolder() async throws {
         try await withImages { directory in
-            let first = try await upload(SampleBytes.png)
-            let second = try await upload(SampleBytes.jpeg)
+            let first = try await upload(Samples.png)
+            let second = try await upload(Samples.jpeg)
             #expect(try await delete(first.path).deleted == 1)
-            #expect(contents(of: "\(directory)/\(uid)") == [String(second.path.dropFirst(uid.count + 1))])
+            #expect(contents(of: "\(directory)/\(uid)") == files(of: second))
             #expect(try await delete(second.path).deleted == 1)
             #expect(contents(of: directory).isEmpty)
-            let again = try await upload(SampleBytes.webp)
+            let again = try await upload(Samples.webp)
             #expect(FileManager.default.fileExists(atPath: "\(directory)/\(again.path)"))
         }
     }
 
     // MARK: Starting up
 
-    @Test("temporary upload files left by a crash are removed at start-up, and the count is logged")
+    @Test("temporary upload files and orphaned thumbnails left by a crash are removed at start-up, and the count is logged")
     func leftoverTemporaryFiles() async throws {
-        let image = "\(UUID().uuidString.lowercased()).png"
+        let name = UUID().uuidString.lowercased()
+        let (image, thumbnail) = ("\(name).png", "\(name).thumb.png")
+        let orphan = "\(UUID().uuidString.lowercased()).thumb.png"
         let messages = LogCapture()
         let leftovers = { (directory: String) throws in
             func write(_ path: String) throws {
                 try FileManager.default.createDirectory(
                     atPath: "\(directory)/\((path as NSString).deletingLastPathComponent)", withIntermediateDirectories: true)
-                try Data(SampleBytes.png).write(to: URL(fileURLWithPath: "\(directory)/\(path)"))
+                try Samples.png.write(to: URL(fileURLWithPath: "\(directory)/\(path)"))
             }
             try write("crashed-first-upload/.upload-\(UUID().uuidString.lowercased()).tmp")
             try write("\(uid)/.upload-\(UUID().uuidString.lowercased()).tmp")
             try write("\(uid)/.upload-\(UUID().uuidString.lowercased()).tmp")
             try write("\(uid)/\(image)")
+            try write("\(uid)/\(thumbnail)")
+            try write("\(uid)/\(orphan)")
             try write("\(uid)/notes.tmp")
         }
         try await withImages(logger: messages.logger, before: leftovers) { directory in
             #expect(contents(of: directory) == [uid])
-            #expect(contents(of: "\(directory)/\(uid)") == [image, "notes.tmp"].sorted())
+            #expect(contents(of: "\(directory)/\(uid)") == [image, thumbnail, "notes.tmp"].sorted())
             let removed = try await deleteAll()
             #expect(removed.deleted == 1)
         }
@@ -326,11 +335,40 @@ struct ImageUploadServiceTests {
         #expect(notices.first?.metadata["count"] == "3")
     }
 
+    @Test("image folders are 0700 and images 0600; what an earlier version left open is tightened at start")
+    func fileModes() async throws {
+        let older = "\(UUID().uuidString.lowercased()).png"
+        let loosen = { (directory: String) throws in
+            try FileManager.default.createDirectory(atPath: "\(directory)/\(uid)", withIntermediateDirectories: true)
+            try Samples.png.write(to: URL(fileURLWithPath: "\(directory)/\(uid)/\(older)"))
+            chmod(directory, 0o755)
+            chmod("\(directory)/\(uid)", 0o755)
+            chmod("\(directory)/\(uid)/\(older)", 0o644)
+        }
+        try await withImages(before: loosen) { directory in
+            #expect(mode(of: directory) == 0o700)
+            #expect(mode(of: "\(directory)/\(uid)") == 0o700)
+            #expect(mode(of: "\(directory)/\(uid)/\(older)") == 0o600)
+            let stored = try await upload(Samples.jpeg, uid: "someone-new")
+            #expect(mode(of: "\(directory)/someone-new") == 0o700)
+            #expect(mode(of: "\(directory)/\(stored.path)") == 0o600)
+            #expect(mode(of: "\(directory)/\(try #require(stored.thumbnailPath))") == 0o600)
+        }
+        // A root that does not exist yet is made 0700.
+        try await withTemporaryDirectory { parent in
+            let configuration = ImageUploadService.Configuration(rpc: rpc, directory: "\(parent)/images")
+            let service = try ImageUploadService(configuration: configuration, bus: bus, logger: quietLogger)
+            try await withRunningService(service, on: bus, answeringAt: rpc) {
+                #expect(mode(of: "\(parent)/images") == 0o700)
+            }
+        }
+    }
+
     @Test("a clean start logs no removal")
     func cleanStart() async throws {
         let messages = LogCapture()
         try await withImages(logger: messages.logger) { directory in
-            _ = try await upload(SampleBytes.png)
+            _ = try await upload(Samples.png)
         }
         #expect(!messages.entries.contains { $0.message.contains("temporary upload files") })
     }
@@ -356,6 +394,32 @@ struct ImageUploadServiceTests {
         let configuration = ImageUploadService.Configuration(directory: "/tmp/unused", maxImageBytes: maxImageBytes)
         #expect(throws: Never.self) { try ImageUploadService(configuration: configuration, bus: bus, logger: quietLogger) }
         #expect(configuration.limits.maxAttachmentBytes == maxImageBytes * 2)
+    }
+
+    @Test("pixel limits, thumbnail side and decode threads out of range are refused", arguments: [
+        (ImageLimits(maxPixels: 0), 2), (ImageLimits(maxSide: 0), 2), (ImageLimits(thumbnailSide: 0), 2),
+        (ImageLimits(thumbnailSide: 5000), 2), (ImageLimits(), 0), (ImageLimits(), 65),
+    ])
+    func invalidImageSettings(limits: ImageLimits, threads: Int) {
+        let configuration = ImageUploadService.Configuration(directory: "/tmp/unused", imageLimits: limits, decodeThreads: threads)
+        let error = #expect(throws: ServiceError.self) {
+            try ImageUploadService(configuration: configuration, bus: bus, logger: quietLogger)
+        }
+        #expect(error?.code == .invalidRequest)
+    }
+
+    @Test("the image settings take a flag, then the environment, then the default, within their ranges")
+    func imageSettings() throws {
+        #expect(try Settings.imagePixelLimit(nil) == Defaults.maxImagePixels)
+        #expect(try Settings.imagePixelLimit(12_000_000) == 12_000_000)
+        #expect(try Settings.imageSideLimit(nil) == Defaults.maxImageSide)
+        #expect(try Settings.imageSideLimit(4096) == 4096)
+        #expect(try Settings.imageDecodeThreads(nil) == Defaults.imageDecodeThreads)
+        #expect(try Settings.imageDecodeThreads(4) == 4)
+        for refused in [{ try Settings.imagePixelLimit(0) }, { try Settings.imageSideLimit(100_001) }, { try Settings.imageDecodeThreads(65) }] {
+            let error = #expect(throws: ServiceError.self) { _ = try refused() }
+            #expect(error?.message.contains("ONBOARDING_") == true, "\(String(describing: error))")
+        }
     }
 
     @Test("the attachment limit saturates instead of overflowing")

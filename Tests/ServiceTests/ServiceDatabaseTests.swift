@@ -36,4 +36,50 @@ struct ServiceDatabaseTests {
             #expect(fileSize(path + "-wal") == 0)
         }
     }
+
+    @Test("a new database and its -wal and -shm files are readable by their owner only")
+    func newDatabaseModes() async throws {
+        try await withTemporaryDirectory { directory in
+            let path = "\(directory)/data/new.sqlite"
+            let writer = try ServiceDatabase.open(path: path)
+            try await writer.write { try $0.execute(sql: "CREATE TABLE t (x)") }
+            let reader = try await writer.read { try Int.fetchOne($0, sql: "SELECT COUNT(*) FROM t") }
+            #expect(reader == 0)
+            for file in [path, path + "-wal", path + "-shm"] {
+                #expect(mode(of: file) == 0o600, "\(file)")
+            }
+        }
+    }
+
+    @Test("an existing database that others could read is tightened to 0600 when opened")
+    func existingDatabaseIsTightened() async throws {
+        try await withTemporaryDirectory { directory in
+            let path = "\(directory)/old.sqlite"
+            do {
+                let writer = try DatabasePool(path: path)
+                try await writer.write { try $0.execute(sql: "CREATE TABLE t (x)") }
+                try writer.close()
+            }
+            // Closing removed the -wal and -shm files; an earlier version's crash leaves them.
+            for file in [path, path + "-wal", path + "-shm"] {
+                if !FileManager.default.fileExists(atPath: file) {
+                    #expect(FileManager.default.createFile(atPath: file, contents: nil))
+                }
+                chmod(file, 0o644)
+                #expect(mode(of: file) == 0o644)
+            }
+            let writer = try ServiceDatabase.open(path: path)
+            try await writer.write { try $0.execute(sql: "INSERT INTO t VALUES (1)") }
+            for file in [path, path + "-wal", path + "-shm"] {
+                #expect(mode(of: file) == 0o600, "\(file)")
+            }
+        }
+    }
+}
+
+/// The permission bits of `path` (not following a symbolic link), or `nil` when it is gone.
+func mode(of path: String) -> mode_t? {
+    var status = stat()
+    guard lstat(path, &status) == 0 else { return nil }
+    return status.st_mode & 0o777
 }

@@ -1,4 +1,5 @@
 import Foundation
+import ImageFixtures
 import Messaging
 import OnboardingAPI
 import OnboardingClient
@@ -90,6 +91,14 @@ func runBadInput(bus: any MessageBus, endpoints: SystemEndpoints, serviceToken: 
     }
     await expectCode(.imageRejected, reason: "empty") {
         _ = try await app.setUpProfile(username: "empty\(Int.random(in: 10...99))", image: Data(), contentType: "image/png")
+    }
+    // Bytes that only start like an image, or whose header declares too many pixels: decoded, refused.
+    await expectCode(.imageRejected, reason: "invalidImage") {
+        _ = try await app.setUpProfile(username: "head\(Int.random(in: 10...99))", image: pngBytes.prefix(8), contentType: "image/png")
+    }
+    await expectCode(.imageRejected, reason: "tooLarge") {
+        let bomb = HostileFile.pngHeader(width: 100_000, height: 100_000)
+        _ = try await app.setUpProfile(username: "bomb\(Int.random(in: 10...99))", image: bomb, contentType: "image/png")
     }
     #expect(try await app.profile() == nil)
     #expect(try await rawError(bus, endpoints.imageRPC, body: envelope(UploadImage.type, uid: uid, serviceToken: serviceToken))?.code == .unexpectedFrames)

@@ -1,4 +1,5 @@
 import Foundation
+import ImageFixtures
 import Messaging
 import OnboardingAPI
 import OnboardingClient
@@ -155,8 +156,8 @@ final class IntentRecorder: Sendable {
     }
 }
 
-/// The smallest valid PNG header: enough for image-upload to recognise the bytes.
-let pngBytes = Data([0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A] + [UInt8](repeating: 0, count: 64))
+/// A small, whole PNG (image-upload decodes every image), made by libvips.
+let pngBytes = TestImage.halves(.png, width: 48, height: 32)
 
 /// The whole journey of `shared/domain.md`, driven as an app would drive it.
 ///
@@ -195,8 +196,17 @@ func runJourney(bus: any MessageBus, endpoints: SystemEndpoints, imagesRoot: URL
     await #expect(throws: ServiceError.self) {
         _ = try await app.setUpProfile(username: "other\(Int.random(in: 10...99))", image: pngBytes)
     }
-    let images = try FileManager.default.contentsOfDirectory(atPath: imagesRoot.appendingPathComponent(uid).path)
-    #expect(images == [URL(fileURLWithPath: imagePath).lastPathComponent])
+    // What stays is the profile's image and its thumbnail, both decoded and re-encoded.
+    let images = try FileManager.default.contentsOfDirectory(atPath: imagesRoot.appendingPathComponent(uid).path).sorted()
+    let imageName = URL(fileURLWithPath: imagePath).lastPathComponent
+    #expect(images == [imageName, imageName.replacingOccurrences(of: ".png", with: ".thumb.png")].sorted())
+    // Only their owner can read them.
+    #expect(permissionBits(imagesRoot.path) == 0o700)
+    #expect(permissionBits(imagesRoot.appendingPathComponent(uid).path) == 0o700)
+    #expect(permissionBits(imagesRoot.appendingPathComponent(imagePath).path) == 0o600)
+    let stored = try Data(contentsOf: imagesRoot.appendingPathComponent(imagePath))
+    #expect(stored != pngBytes)
+    #expect(TestImage.decode(stored).map { ($0.width, $0.height) } ?? (0, 0) == (48, 32))
 
     // Signing out ends the session; the profile stays.
     let token = try #require(app.session?.sessionToken)
@@ -245,4 +255,12 @@ func expectCode(
     } catch {
         Issue.record("expected \(code), got \(error)", sourceLocation: sourceLocation)
     }
+}
+
+/// The permission bits of `path` (a symbolic link itself, not what it points to), or `nil`.
+func permissionBits(_ path: String) -> Int? {
+    guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
+        let permissions = attributes[.posixPermissions] as? Int
+    else { return nil }
+    return permissions & 0o777
 }

@@ -110,6 +110,16 @@ struct ZeroMQSystemTests {
     func journey() async throws {
         try await RunningSystem.run { bus, system in
             try await runJourney(bus: bus, endpoints: system.endpoints, imagesRoot: system.imagesRoot)
+            // Every service's files are readable by their owner only.
+            let data = system.directory.path
+            for database in ["auth.sqlite", "profile.sqlite", "orchestrator.sqlite"] {
+                #expect(permissionBits("\(data)/\(database)") == 0o600, "\(database)")
+                for suffix in ["-wal", "-shm"] where FileManager.default.fileExists(atPath: "\(data)/\(database)\(suffix)") {
+                    #expect(permissionBits("\(data)/\(database)\(suffix)") == 0o600, "\(database)\(suffix)")
+                }
+            }
+            #expect(permissionBits("\(data)/service.token") == 0o600)
+            #expect(permissionBits(system.imagesRoot.path) == 0o700)
         }
     }
 

@@ -100,8 +100,11 @@ extension ProfileServiceTests {
             #expect(try await store.fetch(uid: "u2")?.username == "jun")
         }
 
-        @Test("an image path must be one of the person's own images", arguments: [
+        @Test("an image path must be one of the person's own images, of the shape image-upload makes", arguments: [
             "", "u1/", "u2/a.png", "u1/../u2/a.png", "u1/..", "/u1/a.png", "a.png", "u10/a.png",
+            "u1/evil<script>.html", "u1/a.html", "u1/a.gif", "u1/a.PNG", "u1/a.jpg", "u1/a", "u1/a.png.html",
+            "u1/a.thumb.png", "u1/.upload-x.tmp", "u1/a b.png", "u1/a.png/", "u1//a.png", "u1/키.png",
+            "u1/\(String(repeating: "k", count: 65)).png", "u1/" + String(repeating: "x", count: 70_000),
         ])
         func imagePathRefusals(path: String) async throws {
             let store = try await makeStore()
@@ -111,6 +114,16 @@ extension ProfileServiceTests {
             let update = await refusal { _ = try await store.update(uid: "u1", username: nil, imagePath: path) }
             #expect(update?.code == .invalidRequest)
             #expect(try await store.fetch(uid: "u1")?.imagePath == "u1/a.png")
+        }
+
+        @Test("image paths of the shapes image-upload makes are accepted", arguments: [
+            "u1/9b1e4f2a-7c3d-4e8f-a6b5-0d2c1e9f8a7b.jpeg", "u1/Set-Up_1.webp", "u1/a.png", "u1/k.heic",
+            "u1/\(String(repeating: "k", count: 64)).png",
+        ])
+        func imagePathShapes(path: String) async throws {
+            let store = try await makeStore()
+            #expect(try await store.create(uid: "u1", username: "mina", imagePath: path).imagePath == path)
+            #expect(try await store.update(uid: "u1", username: nil, imagePath: path).imagePath == path)
         }
 
         @Test("deleting a profile frees its username")

@@ -7,8 +7,10 @@ services use, with the same defaults. Exits 0 when every step behaved as proto/ 
 import datetime
 import json
 import os
+import struct
 import sys
 import uuid
+import zlib
 
 import zmq
 
@@ -16,7 +18,18 @@ AUTH = os.environ.get("ONBOARDING_AUTH_RPC", "tcp://127.0.0.1:7101")
 PROFILE = os.environ.get("ONBOARDING_PROFILE_RPC", "tcp://127.0.0.1:7201")
 ORCHESTRATOR = os.environ.get("ONBOARDING_ORCHESTRATOR_RPC", "tcp://127.0.0.1:7401")
 ROUTES = os.environ.get("ONBOARDING_ROUTES", "tcp://127.0.0.1:7402")
-PNG = b"\x89PNG\r\n\x1a\n" + bytes(64)
+
+
+def png(width, height, rgb=(40, 120, 200)):
+    """A whole PNG of one colour: image-upload decodes every image, so a bare header is refused."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    rows = b"".join(b"\x00" + bytes(rgb) * width for _ in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+PNG = png(32, 32)
 
 ctx = zmq.Context.instance()
 
@@ -116,6 +129,9 @@ def main():
     error = expect_error("imageRejected", call, ORCHESTRATOR, "onboarding.setUpProfile",
                          {"username": username, "contentType": "image/png"}, token, image=b"GIF89a fake")
     assert error.reason == "unsupportedType"
+    error = expect_error("imageRejected", call, ORCHESTRATOR, "onboarding.setUpProfile",
+                         {"username": username, "contentType": "image/png"}, token, image=PNG[:8])
+    assert error.reason == "invalidImage"
     expect_error("unauthenticated", call, ORCHESTRATOR, "onboarding.check", {}, "not-a-token")
 
     # A DEALER socket: own routing frame, empty delimiter, envelope, image.
