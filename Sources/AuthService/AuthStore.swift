@@ -110,8 +110,8 @@ struct AuthStore: SessionVerifier {
                 sql: "INSERT INTO session (token, uid, createdAt) VALUES (?, ?, ?)",
                 arguments: [SessionToken.digest(token), uid, now])
             try outbox.append(
-                SignedIn(uid: uid, provider: provider, isNewAccount: isNewAccount), uid: uid,
-                correlationId: correlationId, in: db)
+                SignedIn(uid: uid, provider: provider, isNewAccount: isNewAccount, sessions: try Self.liveSessions(of: uid, in: db)),
+                uid: uid, correlationId: correlationId, in: db)
             return SignInResult(uid: uid, sessionToken: token, provider: provider, isNewAccount: isNewAccount)
         }
     }
@@ -129,7 +129,9 @@ struct AuthStore: SessionVerifier {
             if let uid = try Self.liveUID(ofSession: token, in: db) {
                 try db.execute(sql: "DELETE FROM session WHERE token = ?", arguments: [digest])
                 try Self.recordEnding(.signOut, digest: digest, uid: uid, at: now, in: db)
-                try outbox.append(SignedOut(uid: uid), uid: uid, correlationId: correlationId, in: db)
+                try outbox.append(
+                    SignedOut(uid: uid, sessions: try Self.liveSessions(of: uid, in: db)), uid: uid,
+                    correlationId: correlationId, in: db)
                 return uid
             }
             if let ended = try Self.ended(digest: digest, asOf: now, in: db) { return ended.uid }
@@ -191,6 +193,11 @@ struct AuthStore: SessionVerifier {
     }
 
     /// The uid of `token`'s live session, or `nil`.
+    /// How many live sessions `uid` has, as of the current transaction.
+    private static func liveSessions(of uid: String, in db: Database) throws -> Int {
+        try Int.fetchOne(db.cachedStatement(sql: "SELECT COUNT(*) FROM session WHERE uid = ?"), arguments: [uid]) ?? 0
+    }
+
     private static func liveUID(ofSession token: String, in db: Database) throws -> String? {
         guard !token.isEmpty else { return nil }
         return try String.fetchOne(db, sql: "SELECT uid FROM session WHERE token = ?", arguments: [SessionToken.digest(token)])

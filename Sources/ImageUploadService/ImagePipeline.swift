@@ -200,13 +200,18 @@ enum ImagePipeline {
         else {
             throw invalid("It decoded but could not be encoded again (\(Vips.takeError())).")
         }
-        let thumbnail = image.withUnsafeBytes { bytes in
-            VipsImage(cvips_square_thumbnail_of_bytes(bytes.baseAddress, bytes.count, Int32(limits.thumbnailSide)))
+        // libvips reads the bytes lazily, without a copy: everything that touches them runs
+        // while they are pinned.
+        let thumbnailBytes: Data? = image.withUnsafeBytes { bytes in
+            guard
+                let thumbnail = VipsImage(
+                    cvips_square_thumbnail_of_bytes(bytes.baseAddress, bytes.count, Int32(limits.thumbnailSide))),
+                let cleanThumbnail = VipsImage(cvips_strip(thumbnail.pointer)),
+                let encodedThumbnail = cleanThumbnail.encoded(as: storedKind)
+            else { return nil }
+            return ImageContainer.strippingMetadata(encodedThumbnail, kind: storedKind)
         }
-        guard let thumbnail, let cleanThumbnail = VipsImage(cvips_strip(thumbnail.pointer)),
-            let encodedThumbnail = cleanThumbnail.encoded(as: storedKind),
-            let thumbnailBytes = ImageContainer.strippingMetadata(encodedThumbnail, kind: storedKind)
-        else {
+        guard let thumbnailBytes else {
             throw invalid("Its thumbnail could not be made (\(Vips.takeError())).")
         }
         reached(.encoded)

@@ -130,11 +130,15 @@ public struct SignedIn: APIEvent, Hashable {
     public var uid: String
     public var provider: Provider
     public var isNewAccount: Bool
+    /// How many live sessions the person has with this one, counted in the sign-in's own
+    /// transaction. Absent from an auth that does not count them.
+    public var sessions: Int?
 
-    public init(uid: String, provider: Provider, isNewAccount: Bool) {
+    public init(uid: String, provider: Provider, isNewAccount: Bool, sessions: Int? = nil) {
         self.uid = uid
         self.provider = provider
         self.isNewAccount = isNewAccount
+        self.sessions = sessions
     }
 }
 
@@ -142,7 +146,14 @@ public struct SignedIn: APIEvent, Hashable {
 public struct SignedOut: APIEvent, Hashable {
     public static let type = "auth.signedOut"
     public var uid: String
-    public init(uid: String) { self.uid = uid }
+    /// How many live sessions the person has left, counted in the sign-out's own transaction.
+    /// Absent from an auth that does not count them.
+    public var sessions: Int?
+
+    public init(uid: String, sessions: Int? = nil) {
+        self.uid = uid
+        self.sessions = sessions
+    }
 }
 
 /// `auth.withdrawn`

@@ -71,8 +71,10 @@ final class Engine: Sendable {
                 switch event.header.type {
                 case SignedIn.type:
                     let signedIn = try event.payload(as: SignedIn.self)
-                    inputs.append(.signedIn(uid: signedIn.uid, isNewAccount: signedIn.isNewAccount))
-                case SignedOut.type: inputs.append(.signedOut(uid: try event.payload(as: SignedOut.self).uid))
+                    inputs.append(.signedIn(uid: signedIn.uid, isNewAccount: signedIn.isNewAccount, sessions: signedIn.sessions))
+                case SignedOut.type:
+                    let signedOut = try event.payload(as: SignedOut.self)
+                    inputs.append(.signedOut(uid: signedOut.uid, sessions: signedOut.sessions))
                 case Withdrawn.type: inputs.append(.withdrawn(uid: try event.payload(as: Withdrawn.self).uid))
                 // Profile events are ordered by their own sequence, not by when they arrive.
                 case ProfileCreated.type:
@@ -204,7 +206,7 @@ final class Engine: Sendable {
             enqueue { engine in
                 do {
                     let result = try await engine.call(GetProfile(), to: engine.configuration.profileRPC, uid: uid)
-                    engine.send(.profileChecked(uid: uid, check: check, exists: result.profile != nil, asOf: result.asOfSequence ?? 0))
+                    engine.send(.profileChecked(uid: uid, check: check, exists: result.profile != nil, asOf: result.asOfSequence))
                 } catch {
                     engine.send(.profileCheckFailed(uid: uid, check: check, error: Self.serviceError(error)))
                 }
@@ -354,7 +356,7 @@ final class Engine: Sendable {
         var service = ServiceName.profile
         var strayImagesLeft = false
         /// How new the profile store's last answer about the profile was.
-        var asOf: UInt64 = 0
+        var asOf: UInt64?
         while true {
             switch step {
             case .uploadImage:
@@ -376,7 +378,7 @@ final class Engine: Sendable {
                     guard let profile = created.profile else {
                         throw ServiceError(.invalidMessage, "profile.create answered without a profile.")
                     }
-                    asOf = created.asOfSequence ?? 0
+                    asOf = created.asOfSequence
                     step = saga.next(after: .created(profile))
                 } catch {
                     step = saga.next(after: .createFailed(Self.serviceError(error)))
@@ -384,7 +386,7 @@ final class Engine: Sendable {
             case .lookUpProfile:
                 do {
                     let found = try await call(GetProfile(), to: configuration.profileRPC, uid: uid, retrying: true)
-                    asOf = found.asOfSequence ?? 0
+                    asOf = found.asOfSequence
                     step = saga.next(after: .lookedUp(found.profile))
                 } catch {
                     step = saga.next(after: .lookUpFailed(Self.serviceError(error)))
@@ -445,7 +447,7 @@ final class Engine: Sendable {
                     let found = try await call(GetProfile(), to: configuration.profileRPC, uid: record.uid)
                     let profile = found.profile
                     if let profile, profile.username == record.username {
-                        try await sendAndWait([.profileCreated(uid: record.uid, asOf: found.asOfSequence ?? 0)])
+                        try await sendAndWait([.profileCreated(uid: record.uid, asOf: found.asOfSequence)])
                     }
                     _ = try await call(DeleteAllImages(keep: profile?.imagePath), to: configuration.imageRPC, uid: record.uid)
                     await endSetUp(record)

@@ -11,8 +11,8 @@ import OnboardingAPI
 /// information: a sign-in or sign-out, a check's answer, a profile event, a set-up's own result.
 /// After each one the machine derives the intent that should be in force and emits one only
 /// when that differs from the intent in force:
-/// - the person is signed in (auth reported more sign-ins than sign-outs) and the newest known
-///   profile state is "none" → `presentProfileSetup`;
+/// - the person is signed in (auth's newest sign-in or sign-out event about them counts a live
+///   session) and the newest known profile state is "none" → `presentProfileSetup`;
 /// - a profile exists, and the person was asked to set one up since they last had one
 ///   (``Person/owesDismiss``) → `dismiss`;
 /// - otherwise the intent in force stays as it is.
@@ -32,7 +32,8 @@ import OnboardingAPI
 /// - signed out → the profile cache is cleared. When that was the person's last session, what
 ///   was known of the profile is forgotten (its sequence is kept, so older news stays old) and
 ///   nothing is in force until the next decision, which therefore goes out with a new
-///   `intentId`. Sessions are counted from auth's events, which arrive in auth's order.
+///   `intentId`. Auth counts the live sessions in each sign-in's and sign-out's own transaction
+///   and its events arrive in its order, so the newest count is the truth as of that event.
 /// - withdrawn → delete the profile and every image, retrying each until it is done. A
 ///   withdrawn person is remembered (uids are never reused): a profile that a set-up racing the
 ///   withdrawal creates afterwards is cleaned up too, and nothing is ever emitted to them again.
@@ -47,21 +48,26 @@ public struct OnboardingStateMachine: Sendable {
 
     /// What the orchestrator has learnt.
     public enum Input: Sendable, Hashable {
-        /// `isNewAccount`: auth created the account with this sign-in.
-        case signedIn(uid: String, isNewAccount: Bool)
+        /// `isNewAccount`: auth created the account with this sign-in. `sessions`: the person's
+        /// live sessions after it, as auth counted them (`nil` from an auth that does not count:
+        /// one more than before).
+        case signedIn(uid: String, isNewAccount: Bool, sessions: Int? = nil)
         /// "Check me now"; `waiter` is answered with the decision.
         case checkRequested(uid: String, waiter: WaiterID)
-        /// The profile store's answer to check `check`, as new as its sequence `asOf`.
-        case profileChecked(uid: String, check: CheckID, exists: Bool, asOf: UInt64)
+        /// The profile store's answer to check `check`, as new as its sequence `asOf` (`nil` from a
+        /// store that does not number its answers: taken as it comes).
+        case profileChecked(uid: String, check: CheckID, exists: Bool, asOf: UInt64?)
         case profileCheckFailed(uid: String, check: CheckID, error: ServiceError)
         case checkRetryDue(uid: String, check: CheckID)
-        /// A profile exists as of sequence `asOf`: a `profile.created` event, or a set-up's own result.
-        case profileCreated(uid: String, asOf: UInt64)
+        /// A profile exists as of sequence `asOf`: a `profile.created` event, or a set-up's own
+        /// result (`nil`: not numbered, taken as it comes).
+        case profileCreated(uid: String, asOf: UInt64?)
         /// A `profile.updated` event: a profile exists as of sequence `asOf`.
-        case profileUpdated(uid: String, asOf: UInt64)
+        case profileUpdated(uid: String, asOf: UInt64?)
         /// A `profile.deleted` event with its sequence.
         case profileDeleted(uid: String, reason: DeletionReason, asOf: UInt64)
-        case signedOut(uid: String)
+        /// `sessions`: the person's live sessions after it, as auth counted them (`nil`: one fewer).
+        case signedOut(uid: String, sessions: Int? = nil)
         case withdrawn(uid: String)
         case cleanupFinished(uid: String, step: CleanupStep)
         case cleanupFailed(uid: String, step: CleanupStep, error: ServiceError)
@@ -114,7 +120,7 @@ public struct OnboardingStateMachine: Sendable {
         /// The profile store's sequence that what is known is as new as; facts older than it
         /// are ignored. Kept when the knowledge itself is forgotten (sign-out).
         var profileAsOf: UInt64 = 0
-        /// Sign-ins minus sign-outs, as auth reported them.
+        /// Live sessions, as auth's newest event about the person counted them.
         var sessions = 0
         /// The intent in force: the last one emitted, unless a sign-out or withdrawal ended it.
         var intent: RouteIntent?
@@ -241,10 +247,10 @@ public struct OnboardingStateMachine: Sendable {
             if people.count > capacity, inputsSinceSweep >= max(1, capacity / 10) { forgetIdlePeople() }
         }
         switch input {
-        case .signedIn(let uid, let isNewAccount):
+        case .signedIn(let uid, let isNewAccount, let sessions):
             var person = people[uid] ?? Person()
             guard !person.withdrawn else { return [] }
-            person.sessions += 1
+            person.sessions = sessions ?? person.sessions + 1
             people[uid] = person
             guard isNewAccount else { return startCheck(uid: uid, reason: .signedIn, waiter: nil) }
             // Its uid was minted by this sign-in: no profile can exist, as of before any event.
@@ -260,10 +266,17 @@ public struct OnboardingStateMachine: Sendable {
                 // An answer to a check no longer asked is still information.
                 return decide(uid, reason: .checkRequested)
             }
-            if person.profile == .unknown {
+            if person.profile == .unknown, var open = person.check {
                 // Older than what was known before it was forgotten (a sign-out while the answer
-                // was on its way): the question is still open, so ask again.
-                return [.checkProfile(uid: uid, check: check)]
+                // was on its way): the question is still open. Ask again after a backoff, as
+                // after a failure; callers keep waiting for the answer.
+                open.attempt += 1
+                open.inFlight = false
+                person.check = open
+                people[uid] = person
+                return [.retryCheck(
+                    uid: uid, check: check, delay: retryPolicy.delay(attempt: open.attempt - 1),
+                    attempt: open.attempt - 1, error: Self.staleAnswer)]
             }
             person.check = nil
             people[uid] = person
@@ -300,8 +313,10 @@ public struct OnboardingStateMachine: Sendable {
         case .profileCreated(let uid, let asOf), .profileUpdated(let uid, let asOf):
             if var person = people[uid], person.withdrawn {
                 // A set-up that raced the withdrawal created it after the clean-up: clean up again.
-                guard asOf > person.profileAsOf else { return [] }
-                person.profileAsOf = asOf
+                if let asOf {
+                    guard asOf > person.profileAsOf else { return [] }
+                    person.profileAsOf = asOf
+                }
                 let steps = CleanupStep.allCases.filter { person.cleanup[$0] == nil }
                 for step in steps { person.cleanup[step] = 0 }
                 people[uid] = person
@@ -322,13 +337,13 @@ public struct OnboardingStateMachine: Sendable {
             learn(uid, exists: false, asOf: asOf)
             return decide(uid, reason: .profileDeleted)
 
-        case .signedOut(let uid):
+        case .signedOut(let uid, let sessions):
             // After the last session, forget what was known, as the cache does: the next sign-in
             // asks again and its decision is a new one. A check under way goes on: its callers
             // were signed in when they asked.
             var person = people[uid] ?? Person()
             if !person.withdrawn {
-                person.sessions = max(0, person.sessions - 1)
+                person.sessions = sessions ?? max(0, person.sessions - 1)
                 if person.sessions == 0 {
                     person.profile = .unknown
                     person.intent = nil
@@ -374,6 +389,10 @@ public struct OnboardingStateMachine: Sendable {
         }
     }
 
+    /// Why a check is asked again when its answer was older than what was known.
+    static let staleAnswer = ServiceError(
+        .storeUnavailable, "The profile store answered with news older than what was already known.", reason: "profile")
+
     /// What a caller is told while the profile store cannot be asked.
     static let checkFailing = ServiceError(
         .dependencyUnavailable,
@@ -389,12 +408,13 @@ public struct OnboardingStateMachine: Sendable {
         inputsSinceSweep = 0
     }
 
-    /// Takes in a fact about `uid`'s profile unless something newer is known.
-    private mutating func learn(_ uid: String, exists: Bool, asOf: UInt64) {
+    /// Takes in a fact about `uid`'s profile unless something newer is known. A fact without a
+    /// sequence is taken as it comes and leaves the sequence known as it is.
+    private mutating func learn(_ uid: String, exists: Bool, asOf: UInt64?) {
         var person = people[uid] ?? Person()
-        guard !person.withdrawn, asOf >= person.profileAsOf else { return }
+        guard !person.withdrawn, asOf.map({ $0 >= person.profileAsOf }) ?? true else { return }
         person.profile = exists ? .present : .absent
-        person.profileAsOf = asOf
+        person.profileAsOf = asOf ?? person.profileAsOf
         people[uid] = person
     }
 
@@ -452,9 +472,9 @@ extension OnboardingStateMachine.Input {
     /// The person the input is about.
     public var uid: String {
         switch self {
-        case .signedIn(let uid, _), .checkRequested(let uid, _), .profileChecked(let uid, _, _, _),
+        case .signedIn(let uid, _, _), .checkRequested(let uid, _), .profileChecked(let uid, _, _, _),
             .profileCheckFailed(let uid, _, _), .checkRetryDue(let uid, _), .profileCreated(let uid, _),
-            .profileUpdated(let uid, _), .profileDeleted(let uid, _, _), .signedOut(let uid), .withdrawn(let uid),
+            .profileUpdated(let uid, _), .profileDeleted(let uid, _, _), .signedOut(let uid, _), .withdrawn(let uid),
             .cleanupFinished(let uid, _), .cleanupFailed(let uid, _, _), .cleanupRetryDue(let uid, _):
             return uid
         }

@@ -64,6 +64,12 @@ public final class ProfileCache: Sendable {
     public func fill(_ uid: String, with answer: ProfileResult, ticket: FillTicket) {
         state.withLock { state in
             guard state.changes == ticket.changes else { return }
+            // Of two reads that missed together, the newer answer stays.
+            if let cached = state.entries.value(for: uid),
+                (cached.asOfSequence ?? 0) > (answer.asOfSequence ?? 0)
+            {
+                return
+            }
             state.entries.set(answer, for: uid)
         }
     }

@@ -71,11 +71,9 @@ public struct ProfileStore: Sendable {
             try db.alter(table: ProfileRow.databaseTableName) { table in
                 table.add(column: "sequence", .integer).notNull().defaults(to: 0)
             }
-            // Profiles made before: the newest of their events still in the outbox (0 if pruned).
-            try db.execute(sql: """
-                UPDATE profile SET sequence = COALESCE(
-                    (SELECT MAX(outbox.sequence) FROM outbox WHERE outbox.uid = profile.uid), 0)
-                """)
+            // Profiles made before: as new as everything recorded so far (true of each of them now,
+            // and the same cost for every row, pruned events or not).
+            try db.execute(sql: "UPDATE profile SET sequence = ?", arguments: [Int64(clamping: try Outbox.lastSequence(in: db))])
         }
         return migrator
     }

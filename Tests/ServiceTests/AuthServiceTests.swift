@@ -250,9 +250,9 @@ struct AuthServiceTests {
             let sequences = messages.map(\.header.sequence)
             #expect(zip(sequences, sequences.dropFirst()).allSatisfy { $0 < $1 })
             #expect(messages.allSatisfy { $0.header.source == ServiceName.auth && $0.header.uid == first.uid })
-            #expect(try messages[0].payload(as: SignedIn.self) == SignedIn(uid: first.uid, provider: .google, isNewAccount: true))
-            #expect(try messages[1].payload(as: SignedOut.self) == SignedOut(uid: first.uid))
-            #expect(try messages[2].payload(as: SignedIn.self) == SignedIn(uid: first.uid, provider: .google, isNewAccount: false))
+            #expect(try messages[0].payload(as: SignedIn.self) == SignedIn(uid: first.uid, provider: .google, isNewAccount: true, sessions: 1))
+            #expect(try messages[1].payload(as: SignedOut.self) == SignedOut(uid: first.uid, sessions: 0))
+            #expect(try messages[2].payload(as: SignedIn.self) == SignedIn(uid: first.uid, provider: .google, isNewAccount: false, sessions: 1))
             #expect(try messages[3].payload(as: Withdrawn.self) == Withdrawn(uid: first.uid))
         }
     }

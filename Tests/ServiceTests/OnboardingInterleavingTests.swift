@@ -57,13 +57,14 @@ struct InterleavingWorld {
         switch code % Self.stepKinds {
         case 0:  // sign in
             guard !withdrawn else { return }
-            authEvents.append(.signedIn(uid: uid, isNewAccount: !hasAccount))
-            hasAccount = true
             sessions += 1
+            // Auth counts the live sessions in the sign-in's transaction; an older auth does not.
+            authEvents.append(.signedIn(uid: uid, isNewAccount: !hasAccount, sessions: pick % 4 == 3 ? nil : sessions))
+            hasAccount = true
         case 1:  // sign out
             guard sessions > 0 else { return }
             sessions -= 1
-            authEvents.append(.signedOut(uid: uid))
+            authEvents.append(.signedOut(uid: uid, sessions: pick % 4 == 3 ? nil : sessions))
         case 2:  // withdraw
             guard hasAccount, !withdrawn else { return }
             withdrawn = true

@@ -243,9 +243,14 @@ struct OnboardingStateMachineTests {
         _ = machine.handle(.profileDeleted(uid: uid, reason: .request, asOf: 2))
         _ = machine.handle(.signedOut(uid: uid))
         _ = machine.handle(.signedIn(uid: uid, isNewAccount: false))  // joins the check under way
-        // The store answered before the deletion; the answer arrives after the sign-out.
-        #expect(machine.handle(.profileChecked(uid: uid, check: check, exists: true, asOf: 1))
-            == [.checkProfile(uid: uid, check: check)])
+        // The store answered before the deletion; the answer arrives after the sign-out. The
+        // question is still open: asked again after a backoff, the caller still waiting.
+        let retry = machine.handle(.profileChecked(uid: uid, check: check, exists: true, asOf: 1))
+        guard case .retryCheck(_, check, _, 1, _)? = retry.first, retry.count == 1 else {
+            Issue.record("expected one retry after a backoff, got \(retry)")
+            return
+        }
+        #expect(machine.handle(.checkRetryDue(uid: uid, check: check)) == [.checkProfile(uid: uid, check: check)])
         let status = OnboardingStatus(uid: uid, hasProfile: false, intent: .presentProfileSetup)
         #expect(machine.handle(.profileChecked(uid: uid, check: check, exists: false, asOf: 2))
             == [emit(.presentProfileSetup, .signedIn, "i4"), .answer(waiter: 1, status)])

@@ -68,7 +68,8 @@ cvips_image *cvips_strip(cvips_image *image);
 cvips_image *cvips_square_thumbnail(cvips_image *image, int size);
 
 /// cvips_square_thumbnail of an encoded image, decoding only as much as the size needs (JPEG
-/// and WebP decode at a fraction of their size). The bytes need to stay valid only during the call.
+/// and WebP decode at a fraction of their size). libvips reads the bytes lazily and does not copy
+/// them: they must stay valid until the returned image has been encoded and released.
 cvips_image *cvips_square_thumbnail_of_bytes(const void *bytes, size_t length, int size);
 
 /// Encodes the image. With keep_metadata 0 nothing but pixels is written (no EXIF, XMP, IPTC,
