@@ -198,7 +198,8 @@ enum ImagePipeline {
             let encoded = clean.encoded(as: storedKind),
             let image = ImageContainer.strippingMetadata(encoded, kind: storedKind)
         else {
-            throw invalid("It decoded but could not be encoded again (\(Vips.takeError())).")
+            // The bytes were a whole image: failing to write it again is ours, not the sender's.
+            throw ServiceError(.internalError, "The image decoded but could not be stored again; try again. \(Vips.takeError())")
         }
         // libvips reads the bytes lazily, without a copy: everything that touches them runs
         // while they are pinned.

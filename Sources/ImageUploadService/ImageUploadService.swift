@@ -188,7 +188,7 @@ public struct ImageUploadService: Service {
             guard let file = ImagePaths.fileName(in: request.path, uid: uid) else {
                 throw ServiceError(
                     .invalidRequest,
-                    "Field 'path' must be exactly '<uid>/<file>' as image.upload returned it, for the envelope's uid.")
+                    "Field 'path' must be exactly an image path as image.upload returned it ('<uid>/<name>.<png|jpeg|webp|heic>', the envelope's uid; not a thumbnail path).")
             }
             guard try await storage.delete(uid: uid, file: file) else {
                 throw ServiceError(.imageNotFound, "There is no image \(request.path).")
@@ -203,7 +203,7 @@ public struct ImageUploadService: Service {
                 guard let file = ImagePaths.fileName(in: path, uid: uid) else {
                     throw ServiceError(
                         .invalidRequest,
-                        "Field 'keep' must be exactly '<uid>/<file>' as image.upload returned it, for the envelope's uid.")
+                        "Field 'keep' must be exactly an image path as image.upload returned it ('<uid>/<name>.<png|jpeg|webp|heic>', the envelope's uid; not a thumbnail path).")
                 }
                 keep = file
             }

@@ -70,7 +70,8 @@ public enum Settings {
         let number = try integer(flag, env: env, default: value)
         guard range.contains(number) else {
             throw ServiceError(
-                .invalidRequest, "\(what) (\(env)) must be from \(range.lowerBound) to \(range.upperBound), not \(number).")
+                .invalidRequest,
+                "\(what) (\(flag == nil ? env : "its flag, or \(env)")) must be from \(range.lowerBound) to \(range.upperBound), not \(number).")
         }
         return number
     }
