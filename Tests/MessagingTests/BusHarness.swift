@@ -20,11 +20,15 @@ enum BusKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
         case .zeroMQ:
             var logger = Logger(label: "test.zmq")
             logger.logLevel = .warning
-            // Two buses, like two processes: one binds, the other connects.
+            // Two buses, like two processes: one binds, the other connects. The client waits
+            // longer for a connection than in production, so a machine loaded by the tests that
+            // run beside these does not turn a slow connect into `noResponder`.
+            var patient = ZeroMQBus.Configuration()
+            patient.connectGrace = .seconds(3)
             return Harness(
                 kind: self,
                 server: ZeroMQBus(source: "bus", logger: logger),
-                client: ZeroMQBus(source: "client", logger: logger))
+                client: ZeroMQBus(source: "client", logger: logger, configuration: patient))
         }
     }
 }

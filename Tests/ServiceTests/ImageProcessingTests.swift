@@ -319,7 +319,11 @@ struct ImageProcessingTests {
 
     @Test("ten large uploads at once: decoded two at a time, while the service keeps answering")
     func tenLargeUploads() async throws {
-        let large = TestImage.gradient(.jpeg, width: 6000, height: 5000)
+        // Large enough to take real decoding time, small enough not to starve the tests that run
+        // beside this one on a 2-core machine. `IMAGE_LOAD_SIDE=6000` makes it 6000 × 5000.
+        let side = Int(ProcessInfo.processInfo.environment["IMAGE_LOAD_SIDE"] ?? "") ?? 2000
+        let (width, height) = (side, side * 5 / 6)
+        let large = TestImage.gradient(.jpeg, width: width, height: height)
         #expect(large.count <= Defaults.maxImageBytes)
         let processor = try ImageProcessor(threads: 2)
         defer { processor.shutdown() }
@@ -357,9 +361,9 @@ struct ImageProcessingTests {
             #expect(processor.decodeStatistics.mostRunning == 2)
             #expect(files(directory).count == 20)
             print(
-                "ten 6000 × 5000 JPEG uploads (\(large.count) bytes each) on 2 decode threads: \(elapsed) in all; "
+                "ten \(width) × \(height) JPEG uploads (\(large.count) bytes each) on 2 decode threads: \(elapsed) in all; "
                     + "libvips pixel memory peak in this process \(ImageProcessor.trackedMemoryPeak / 1_048_576) MiB "
-                    + "(one decode holds at most \(6000 * 5000 * 3 / 1_048_576) MiB of pixels)")
+                    + "(one decode holds at most \(width * height * 3 / 1_048_576) MiB of pixels)")
         }
     }
 
