@@ -102,6 +102,19 @@ final class ObservedBus: MessageBus {
         try await inner.serve(at: endpoint, limits: limits)
     }
 
+    func serve(
+        at endpoint: Endpoint, limits: MessageLimits, onLoop handler: @escaping @Sendable ([RawRequest]) -> Void
+    ) async throws -> any BusLoopRegistration {
+        try await inner.serve(at: endpoint, limits: limits, onLoop: handler)
+    }
+
+    func subscribe(
+        to endpoints: [Endpoint], topics: [String], limits: MessageLimits,
+        onLoop handler: @escaping @Sendable ([RawEvent]) -> Void
+    ) async throws -> any BusLoopRegistration {
+        try await inner.subscribe(to: endpoints, topics: topics, limits: limits, onLoop: handler)
+    }
+
     func request(_ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration) async throws -> Message {
         do {
             let reply = try await inner.request(message, to: endpoint, timeout: timeout)
