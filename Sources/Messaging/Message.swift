@@ -97,13 +97,15 @@ public struct Message: Sendable {
         } catch {
             throw ServiceError(.invalidMessage, "The message is not a JSON envelope: \(Self.explain(error))")
         }
-        guard header.version == EnvelopeHeader.currentVersion else {
-            throw ServiceError(
-                .unsupportedVersion,
-                "Envelope version \(header.version) is not supported; this service speaks version \(EnvelopeHeader.currentVersion)."
-            )
-        }
+        guard header.version == EnvelopeHeader.currentVersion else { throw Self.unsupported(header) }
         self.init(topic: topic, header: header, body: body, attachment: attachment)
+    }
+
+    static func unsupported(_ header: EnvelopeHeader) -> ServiceError {
+        ServiceError(
+            .unsupportedVersion,
+            "Envelope version \(header.version) is not supported; this service speaks version \(EnvelopeHeader.currentVersion)."
+        )
     }
 
     /// Decodes the payload as `Payload`.
@@ -126,7 +128,7 @@ public struct Message: Sendable {
     }
 
     /// Whether the last byte of `body` that is not JSON whitespace is `}`.
-    private static func endsWithClosingBrace(_ body: Data) -> Bool {
+    static func endsWithClosingBrace(_ body: Data) -> Bool {
         body.last { ![0x20, 0x09, 0x0A, 0x0D].contains($0) } == UInt8(ascii: "}")
     }
 
