@@ -62,8 +62,32 @@ final class Engine: Sendable {
         }
     }
 
+    /// Reads the events the engine handles in one pass, payload included.
+    static let eventReader: EnvelopeReader = {
+        var reader = EnvelopeReader()
+        reader.register(SignedIn.self, for: SignedIn.type)
+        reader.register(SignedOut.self, for: SignedOut.type)
+        reader.register(Withdrawn.self, for: Withdrawn.type)
+        reader.register(ProfileCreated.self, for: ProfileCreated.type)
+        reader.register(ProfileUpdated.self, for: ProfileUpdated.type)
+        reader.register(ProfileDeleted.self, for: ProfileDeleted.type)
+        return reader
+    }()
+
     /// An ``EventFeed`` handler: the events' inputs and the feed's new cursor commit together.
     func handle(_ events: [Message], from publisher: String, through sequence: UInt64) async throws {
+        // Committed right here rather than through the queue: one hand-off less. GRDB runs one
+        // write at a time, so this batch and the queue's are still applied in turn.
+        try await commit([DecisionQueue.Submission(inputs: inputs(from: events), cursor: (publisher, sequence))])
+    }
+
+    /// The hot path's ``EventFeed`` handler, on the bus's own thread: live events that follow
+    /// the cursor commit with it at once, and their intents are published after the commit.
+    func handleOnLoop(_ events: [Message], from publisher: String, through sequence: UInt64) throws {
+        try commitNow([DecisionQueue.Submission(inputs: inputs(from: events), cursor: (publisher, sequence))])
+    }
+
+    private func inputs(from events: [Message]) -> [OnboardingStateMachine.Input] {
         var inputs: [OnboardingStateMachine.Input] = []
         inputs.reserveCapacity(events.count)
         for event in events {
@@ -92,10 +116,7 @@ final class Engine: Sendable {
                 logger.warning("ignored an unreadable \(event.header.type) event from \(event.header.source): \(error)")
             }
         }
-        // Committed right here rather than through the queue: one hand-off less on the path from
-        // sign-in to intent. GRDB runs one write at a time, so this batch and the queue's are
-        // still applied in turn; under load a feed's batch holds every event already queued.
-        try await commit([DecisionQueue.Submission(inputs: inputs, cursor: (publisher, sequence))])
+        return inputs
     }
 
     // MARK: The decision loop
@@ -122,23 +143,44 @@ final class Engine: Sendable {
             let actions = try await database.write { [self] db in
                 try machine.withLock { machine in try apply(batch, to: &machine, in: db) }
             }
-            for submission in batch { submission.committed?.resume() }
-            for action in actions { perform(action) }
+            committed(batch, actions)
         } catch {
-            if !(error is CancellationError) {
-                logger.error("could not store \(batch.count) decision(s): \(error); starting again from the store")
-            }
-            let failure = ServiceError(.storeUnavailable, "The orchestrator could not store a decision; try again.")
-            for submission in batch { submission.committed?.resume(throwing: failure) }
-            // The machine starts again from the store (see `apply`): what it was working on for
-            // waiting callers is gone, so they are told to ask again. Feeds resend their events.
-            let waiting = waiters.withLock { waiters in
-                defer { waiters = [:] }
-                return Array(waiters.values)
-            }
-            for continuation in waiting { continuation.resume(returning: .failure(failure)) }
-            throw error
+            try failed(batch, error)
         }
+    }
+
+    /// ``commit(_:)`` on the calling thread (the bus's, for the hot path).
+    private func commitNow(_ batch: [DecisionQueue.Submission]) throws {
+        do {
+            let actions = try database.write { [self] db in
+                try machine.withLock { machine in try apply(batch, to: &machine, in: db) }
+            }
+            committed(batch, actions)
+        } catch {
+            try failed(batch, error)
+        }
+    }
+
+    private func committed(_ batch: [DecisionQueue.Submission], _ actions: [OnboardingStateMachine.Action]) {
+        for submission in batch { submission.committed?.resume() }
+        for action in actions { perform(action) }
+    }
+
+    /// Tells everyone waiting on `batch` (and on the machine's work) that it failed; rethrows.
+    private func failed(_ batch: [DecisionQueue.Submission], _ error: any Error) throws -> Never {
+        if !(error is CancellationError) {
+            logger.error("could not store \(batch.count) decision(s): \(error); starting again from the store")
+        }
+        let failure = ServiceError(.storeUnavailable, "The orchestrator could not store a decision; try again.")
+        for submission in batch { submission.committed?.resume(throwing: failure) }
+        // The machine starts again from the store (see `apply`): what it was working on for
+        // waiting callers is gone, so they are told to ask again. Feeds resend their events.
+        let waiting = waiters.withLock { waiters in
+            defer { waiters = [:] }
+            return Array(waiters.values)
+        }
+        for continuation in waiting { continuation.resume(returning: .failure(failure)) }
+        throw error
     }
 
     private func apply(

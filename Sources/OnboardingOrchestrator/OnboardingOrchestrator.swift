@@ -137,7 +137,10 @@ public struct OnboardingOrchestrator: Service {
             try await engine.resumeUnfinishedWork()
             for (name, feed) in feeds {
                 group.addTask {
-                    await feed.run(after: cursors[name] ?? 0) { events, through in
+                    await feed.run(
+                        after: cursors[name] ?? 0, reader: Engine.eventReader,
+                        onLoop: { events, through in try engine.handleOnLoop(events, from: name, through: through) }
+                    ) { events, through in
                         try await engine.handle(events, from: name, through: through)
                     }
                 }

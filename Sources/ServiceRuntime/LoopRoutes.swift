@@ -12,8 +12,10 @@ import OnboardingAPI
 /// recorded in the outbox, leave only after that commit. A batch is what queued up while the
 /// previous one was being handled: one request when idle, hundreds under load, with no timer.
 ///
-/// When a handler throws, the batch's transaction is rolled back and its requests run again one
-/// transaction each, so one bad request costs the others nothing but time.
+/// A handler that refuses with a ``ServiceError`` before it has changed anything (a bad subject,
+/// a name taken) is answered with that error and the batch goes on. When one throws after it
+/// has written, the batch's transaction is rolled back and its requests run again, one
+/// transaction each, so one failure costs the others nothing but time.
 ///
 /// Only routes whose access needs no call to another service can run here (``Access/open``,
 /// ``Access/service``, ``Access/serviceWithoutUID``); their handlers must not wait for anything
@@ -109,7 +111,7 @@ extension RequestDispatcher {
                 raw.reply(Message.errorReply(error, correlationId: nil, source: source))
                 continue
             }
-            let message = Message(header: read.header, body: raw.body, attachment: raw.attachment)
+            let message = Message(read: read, body: raw.body, attachment: raw.attachment)
             if let refusing {
                 raw.reply(message.errorReply(refusing, source: source))
                 continue
@@ -130,12 +132,12 @@ extension RequestDispatcher {
 
         let replies: [OutgoingMessage]
         do {
-            replies = try Self.runTogether(jobs.map { ($0.route, $0.payload, $0.context) })
+            replies = try runTogether(jobs.map { ($0.route, $0.payload, $0.context) })
         } catch {
             // One of them refused (or the store failed): each on its own, so the others commit.
             replies = jobs.map { job in
                 do {
-                    return try Self.runTogether([(job.route, job.payload, job.context)])[0]
+                    return try runTogether([(job.route, job.payload, job.context)])[0]
                 } catch let error as ServiceError {
                     return job.context.message.errorReply(error, source: source)
                 } catch {
@@ -149,17 +151,26 @@ extension RequestDispatcher {
     }
 
     /// Runs the jobs' handlers: the writing ones in one write transaction, the others in one read.
-    /// Throws the first failure (after rolling back).
-    private static func runTogether(
+    /// A refusal before any change becomes that job's error reply; any other failure is thrown
+    /// (after rolling back).
+    private func runTogether(
         _ jobs: [(route: LoopRoutes.Route, payload: any Sendable, context: RequestContext)]
     ) throws -> [OutgoingMessage] {
         var replies = [OutgoingMessage?](repeating: nil, count: jobs.count)
+        let source = self.source
         for writes in [true, false] {
             let indices = jobs.indices.filter { jobs[$0].route.writes == writes }
             guard let first = indices.first else { continue }
             let database = jobs[first].route.database
             let run = { (db: Database) throws -> [OutgoingMessage] in
-                try indices.map { index in try jobs[index].route.run(jobs[index].payload, jobs[index].context, db) }
+                try indices.map { index in
+                    let changes = db.totalChangesCount
+                    do {
+                        return try jobs[index].route.run(jobs[index].payload, jobs[index].context, db)
+                    } catch let refusal as ServiceError where db.totalChangesCount == changes {
+                        return jobs[index].context.message.errorReply(refusal, source: source)
+                    }
+                }
             }
             let made = writes ? try database.write(run) : try database.read(run)
             for (index, reply) in zip(indices, made) { replies[index] = reply }
