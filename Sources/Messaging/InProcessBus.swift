@@ -227,6 +227,24 @@ public final class InProcessBus: MessageBus {
         }
     }
 
+    /// Sends a request and hands the outcome to `callback` on this bus's loop thread (see
+    /// ``MessageBus/request(_:to:timeout:onLoop:)``).
+    public func request(
+        _ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration,
+        onLoop callback: @escaping @Sendable (Result<Message, ServiceError>) -> Void
+    ) {
+        let loop = self.loop
+        Task {
+            let result: Result<Message, ServiceError>
+            do {
+                result = .success(try await request(message, to: endpoint, timeout: timeout))
+            } catch {
+                result = .failure((error as? ServiceError) ?? ServiceError(.internalError, "\(error)"))
+            }
+            loop.submit { callback(result) }
+        }
+    }
+
     private final class Registration: BusLoopRegistration {
         private let onClose: Mutex<(@Sendable () -> Void)?>
 

@@ -64,6 +64,14 @@ public protocol MessageBus: Sendable {
         at endpoint: Endpoint, limits: MessageLimits, onLoop handler: @escaping @Sendable ([RawRequest]) -> Void
     ) async throws -> any BusLoopRegistration
 
+    /// Sends `message` to the server at `endpoint` and hands its reply (error replies included),
+    /// or the failure (`timeout`, `noResponder`, `messageTooLarge`, `closed`, `invalidMessage`),
+    /// to `callback` on the bus's own thread, once. Never blocks; called from a loop handler, the
+    /// request leaves when the handler returns. The callback must not wait for other services.
+    func request(
+        _ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration,
+        onLoop callback: @escaping @Sendable (Result<Message, ServiceError>) -> Void)
+
     /// Connects to the publishers at `endpoints` and hands the events whose topic starts with one
     /// of `topics` to `handler` on the bus's own thread, in batches, in arrival order. Delivery
     /// is as with ``subscribe(to:topics:limits:)``: only what is published after the subscription

@@ -32,7 +32,7 @@ struct OutgoingRequest: Sendable {
     var timeout: Duration
     /// Monotonic nanoseconds (see ``monotonicNanoseconds()``).
     var deadline: UInt64
-    var waiter: ReplyWaiter
+    var waiter: ReplySink
 }
 
 /// The mailbox between async callers and the I/O thread, plus the counters both sides read.

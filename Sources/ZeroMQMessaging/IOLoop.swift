@@ -40,7 +40,7 @@ final class IOLoop: @unchecked Sendable {
     private struct Pending {
         var endpoint: Endpoint
         var timeout: Duration
-        var waiter: ReplyWaiter
+        var waiter: ReplySink
         var deadline: UInt64
         /// While queued: the message, and when to give up with `noResponder`.
         var unsent: OutgoingMessage?
@@ -356,6 +356,25 @@ final class IOLoop: @unchecked Sendable {
         return false
     }
 
+    /// Hands `result` to a caller's waiter, or runs a loop caller's callback here. Returns `false`
+    /// when the waiter had already finished (a late reply).
+    private func deliver(_ result: Result<Message, any Error>, to sink: ReplySink) -> Bool {
+        switch sink {
+        case .waiter(let waiter):
+            return waiter.finish(result)
+        case .loop(let callback):
+            let answer = result.mapError { error -> ServiceError in
+                (error as? ServiceError) ?? ServiceError(.internalError, "\(error)")
+            }
+            runOnLoop { callback(answer) }
+            return true
+        }
+    }
+
+    private func finisher(_ sink: ReplySink) -> (Result<Message, any Error>) -> Void {
+        { result in _ = self.deliver(result, to: sink) }
+    }
+
     /// Runs a loop handler, then sends what it queued (replies, events) before anything else.
     private func runOnLoop(_ handler: () -> Void) {
         handler()
@@ -492,8 +511,9 @@ final class IOLoop: @unchecked Sendable {
 
     private func startRequest(_ request: OutgoingRequest) {
         guard !request.waiter.isFinished else { return }
+        let finish = finisher(request.waiter)
         let now = monotonicNanoseconds()
-        guard let socket = dealer(for: request.endpoint, failing: request.waiter) else { return }
+        guard let socket = dealer(for: request.endpoint, failing: finish) else { return }
         var entry = Pending(
             endpoint: request.endpoint, timeout: request.timeout, waiter: request.waiter, deadline: request.deadline)
         if dealers[request.endpoint]?.backlog.isEmpty ?? true {
@@ -505,8 +525,7 @@ final class IOLoop: @unchecked Sendable {
             case .wouldBlock:
                 break
             case .failed(let code):
-                request.waiter.finish(
-                    .failure(ServiceError(.internalError, "Cannot send to \(request.endpoint): \(zmqErrorText(code)).")))
+                finish(.failure(ServiceError(.internalError, "Cannot send to \(request.endpoint): \(zmqErrorText(code)).")))
                 return
             }
         }
@@ -520,7 +539,7 @@ final class IOLoop: @unchecked Sendable {
     }
 
     /// The DEALER for `endpoint`, created and connected on first use.
-    private func dealer(for endpoint: Endpoint, failing waiter: ReplyWaiter) -> Socket? {
+    private func dealer(for endpoint: Endpoint, failing finish: (Result<Message, any Error>) -> Void) -> Socket? {
         if let dealer = dealers[endpoint] { return dealer.socket }
         let socket: Socket
         do {
@@ -534,7 +553,7 @@ final class IOLoop: @unchecked Sendable {
                 try socket.connect(endpoint)
             }
         } catch {
-            waiter.finish(.failure(error))
+            finish(.failure(error))
             return nil
         }
         dealers[endpoint] = Dealer(socket: socket)
@@ -564,7 +583,7 @@ final class IOLoop: @unchecked Sendable {
             sentCount += 1
             if case .failed(let code) = result {
                 pending[id] = nil
-                entry.waiter.finish(
+                finisher(entry.waiter)(
                     .failure(ServiceError(.internalError, "Cannot send to \(endpoint): \(zmqErrorText(code)).")))
                 continue
             }
@@ -598,7 +617,7 @@ final class IOLoop: @unchecked Sendable {
                     continue
                 }
                 let result = Result<Message, any Error> { try Message(body: frames[2], attachment: frames.count == 4 ? frames[3] : nil) }
-                if !entry.waiter.finish(result) {
+                if !deliver(result, to: entry.waiter) {
                     queue.count { $0.lateReplies += 1 }
                 }
             }
@@ -614,11 +633,11 @@ final class IOLoop: @unchecked Sendable {
             if entry.unsent != nil, entry.sendBy <= now {
                 pending[next.id] = nil
                 touchedDealers.insert(entry.endpoint)
-                entry.waiter.finish(
+                finisher(entry.waiter)(
                     .failure(ServiceError(.noResponder, "Nothing answers at \(entry.endpoint). Is the service running?")))
             } else if entry.unsent == nil, entry.deadline <= now {
                 pending[next.id] = nil
-                entry.waiter.finish(
+                finisher(entry.waiter)(
                     .failure(ServiceError(.timeout, "No reply from \(entry.endpoint) within \(entry.timeout).")))
             }
         }
@@ -652,7 +671,7 @@ final class IOLoop: @unchecked Sendable {
         dealers = [:]
         pending = [:]
         for waiter in waiters {
-            waiter.finish(.failure(ServiceError(.closed, "The bus was shut down before a reply came.")))
+            _ = deliver(.failure(ServiceError(.closed, "The bus was shut down before a reply came.")), to: waiter)
         }
         for stream in subscriberStreams { stream.finish() }
         for stream in serverStreams { stream.finish() }
@@ -756,5 +775,17 @@ enum ServerSink: Sendable {
 
     func finish() {
         if case .stream(let requests) = self { requests.finish() }
+    }
+}
+
+/// Who gets a request's reply: a waiting task, or a callback on the I/O thread.
+enum ReplySink: Sendable {
+    case waiter(ReplyWaiter)
+    case loop(@Sendable (Result<Message, ServiceError>) -> Void)
+
+    /// Whether a waiting task has already been answered (cancelled, for example).
+    var isFinished: Bool {
+        if case .waiter(let waiter) = self { return waiter.isFinished }
+        return false
     }
 }

@@ -176,7 +176,7 @@ public final class ZeroMQBus: MessageBus, Service {
         let waiter = ReplyWaiter()
         let request = OutgoingRequest(
             id: id, endpoint: endpoint, message: message, timeout: timeout,
-            deadline: monotonicNanoseconds() &+ timeout.clampedNanoseconds, waiter: waiter)
+            deadline: monotonicNanoseconds() &+ timeout.clampedNanoseconds, waiter: .waiter(waiter))
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Message, any Error>) in
                 waiter.install(continuation)
@@ -188,6 +188,21 @@ public final class ZeroMQBus: MessageBus, Service {
             if waiter.finish(.failure(CancellationError())) {
                 queue.submit(.cancelRequest(id: id))
             }
+        }
+    }
+
+    /// Sends `message` to the server at `endpoint` and hands the reply, or the failure
+    /// (`timeout`, `noResponder`, `closed`, ...), to `callback` on the I/O thread (see
+    /// ``MessageBus/request(_:to:timeout:onLoop:)``).
+    public func request(
+        _ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration,
+        onLoop callback: @escaping @Sendable (Result<Message, ServiceError>) -> Void
+    ) {
+        let request = OutgoingRequest(
+            id: queue.makeID(), endpoint: endpoint, message: message, timeout: timeout,
+            deadline: monotonicNanoseconds() &+ timeout.clampedNanoseconds, waiter: .loop(callback))
+        if !queue.submit(.request(request)) {
+            callback(.failure(Self.closedError))
         }
     }
 

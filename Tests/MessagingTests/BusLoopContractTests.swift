@@ -140,6 +140,70 @@ struct BusLoopContractTests {
         }
     }
 
+    @Test("a request from the loop gets its reply on the loop; one to nowhere fails with noResponder", arguments: BusKind.allCases)
+    func loopRequests(kind: BusKind) async throws {
+        try await withHarness(kind) { buses in
+            let (endpoint, server) = try await bindRetrying { endpoint in
+                try await buses.server.serve(at: endpoint, limits: MessageLimits()) { batch in
+                    for raw in batch { Self.echo(raw) }
+                }
+            }
+            defer { server.close() }
+            let (outcomes, sink) = AsyncStream.makeStream(of: (Int, Result<Message, ServiceError>).self)
+            let client = buses.client
+            for number in 0..<20 {
+                client.request(try echoRequest("n", number: number), to: endpoint, timeout: .seconds(10)) { result in
+                    sink.yield((number, result))
+                }
+            }
+            client.request(try echoRequest("anyone?"), to: Endpoints.fresh(), timeout: .seconds(30)) { result in
+                sink.yield((-1, result))
+            }
+            var seen = Set<Int>()
+            for await (number, result) in outcomes {
+                if number == -1 {
+                    #expect(throws: ServiceError.self) { try result.get() }
+                    #expect((try? result.get()) == nil)
+                    if case .failure(let error) = result { #expect(error.code == .noResponder) }
+                } else {
+                    #expect(try result.get().payload(as: Echo.self).number == number)
+                }
+                seen.insert(number)
+                if seen.count == 21 { break }
+            }
+        }
+    }
+
+    @Test("a loop handler can call another server and answer from the reply's callback", arguments: BusKind.allCases)
+    func chainedOnLoop(kind: BusKind) async throws {
+        try await withHarness(kind) { buses in
+            let (backend, backendRegistration) = try await bindRetrying { endpoint in
+                try await buses.server.serve(at: endpoint, limits: MessageLimits()) { batch in
+                    for raw in batch { Self.echo(raw) }
+                }
+            }
+            defer { backendRegistration.close() }
+            // The front asks the back end on behalf of each caller, all on its bus's thread.
+            let front = buses.server
+            let (endpoint, frontRegistration) = try await bindRetrying { endpoint in
+                try await front.serve(at: endpoint, limits: MessageLimits()) { batch in
+                    for raw in batch {
+                        let forwarded = OutgoingMessage(body: raw.body)
+                        front.request(forwarded, to: backend, timeout: .seconds(10)) { result in
+                            switch result {
+                            case .success(let reply): raw.reply(OutgoingMessage(body: reply.body))
+                            case .failure(let error): raw.reply(Message.errorReply(error, correlationId: nil, source: "front"))
+                            }
+                        }
+                    }
+                }
+            }
+            defer { frontRegistration.close() }
+            let reply = try await buses.client.request(try echoRequest("via", number: 42), to: endpoint, timeout: .seconds(10))
+            #expect(try reply.payload(as: Echo.self) == Echo(text: "via", number: 42))
+        }
+    }
+
     /// Answers `raw` with its own payload, or with the error reading it gives.
     static func echo(_ raw: RawRequest) {
         do throws(ServiceError) {

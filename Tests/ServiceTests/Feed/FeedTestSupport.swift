@@ -115,6 +115,17 @@ final class ObservedBus: MessageBus {
         try await inner.subscribe(to: endpoints, topics: topics, limits: limits, onLoop: handler)
     }
 
+    func request(
+        _ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration,
+        onLoop callback: @escaping @Sendable (Result<Message, ServiceError>) -> Void
+    ) {
+        inner.request(message, to: endpoint, timeout: timeout) { [requests] result in
+            let succeeded = if case .success(let reply) = result { reply.serviceError == nil } else { false }
+            requests.update { succeeded ? ($0.succeeded += 1) : ($0.failed += 1) }
+            callback(result)
+        }
+    }
+
     func request(_ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration) async throws -> Message {
         do {
             let reply = try await inner.request(message, to: endpoint, timeout: timeout)
