@@ -245,13 +245,21 @@ final class Engine: Sendable {
     private func perform(_ action: OnboardingStateMachine.Action) {
         switch action {
         case .checkProfile(let uid, let check):
-            enqueue { engine in
-                do {
-                    let result = try await engine.call(GetProfile(), to: engine.configuration.profileRPC, uid: uid)
-                    engine.send(.profileChecked(uid: uid, check: check, exists: result.profile != nil, asOf: result.asOfSequence))
-                } catch {
-                    engine.send(.profileCheckFailed(uid: uid, check: check, error: Self.serviceError(error)))
-                }
+            // The hot path of a returning person: asked from the bus's thread, and the answer
+            // decided and committed there when it comes.
+            bus.call(
+                GetProfile(), to: configuration.profileRPC, source: source, uid: uid,
+                serviceToken: configuration.serviceToken, timeout: configuration.callTimeout
+            ) { [self] result in
+                let input: OnboardingStateMachine.Input =
+                    switch result {
+                    case .success(let found):
+                        .profileChecked(uid: uid, check: check, exists: found.profile != nil, asOf: found.asOfSequence)
+                    case .failure(let error):
+                        .profileCheckFailed(uid: uid, check: check, error: error)
+                    }
+                // A failure is logged and the machine starts again from the store, checks included.
+                try? commitNow([DecisionQueue.Submission(inputs: [input])])
             }
         case .retryCheck(let uid, let check, let delay, let attempt, let error):
             logger.warning("profile check for \(uid) failed (\(error)); retry \(attempt) in \(delay)")

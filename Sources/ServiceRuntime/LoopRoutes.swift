@@ -17,9 +17,9 @@ import OnboardingAPI
 /// has written, the batch's transaction is rolled back and its requests run again, one
 /// transaction each, so one failure costs the others nothing but time.
 ///
-/// Only routes whose access needs no call to another service can run here (``Access/open``,
-/// ``Access/service``, ``Access/serviceWithoutUID``); their handlers must not wait for anything
-/// but the database.
+/// Only requests whose access needs no call to another service can run here (``Access/open``,
+/// ``Access/service``, ``Access/serviceWithoutUID``, and the service side of
+/// ``Access/sessionOrService``); their handlers must not wait for anything but the database.
 struct LoopRoutes: Sendable {
     struct Route: Sendable {
         var access: Access
@@ -49,7 +49,10 @@ extension RequestDispatcher {
     /// `writes: false`, read) transaction its batch shares (see ``LoopRoutes``).
     ///
     /// - Parameters:
-    ///   - access: ``Access/open``, ``Access/service`` or ``Access/serviceWithoutUID``.
+    ///   - access: ``Access/open``, ``Access/service`` or ``Access/serviceWithoutUID``; or
+    ///     ``Access/sessionOrService``, for requests that carry the service token: those with a
+    ///     session go to the handler registered with ``on(_:access:attachment:replyUID:_:)``
+    ///     for the same type, which must exist.
     ///   - database: where the batch's transaction runs.
     ///   - replyUID: the person the reply names, from the response; by default the request's uid.
     ///   - handler: decides and writes; throws a ``ServiceError`` to refuse.
@@ -64,7 +67,7 @@ extension RequestDispatcher {
     ) {
         switch access {
         case .open: break
-        case .service, .serviceWithoutUID: hasServiceRoutes = true
+        case .service, .serviceWithoutUID, .sessionOrService: hasServiceRoutes = true
         default: preconditionFailure("\(Request.type): a loop route cannot verify sessions; use on(_:access:...) instead")
         }
         let source = self.source
@@ -116,13 +119,14 @@ extension RequestDispatcher {
                 raw.reply(message.errorReply(refusing, source: source))
                 continue
             }
-            guard let route = loop[read.header.type], let payload = read.payload else {
+            guard let route = loop[read.header.type], let payload = read.payload, !needsSession(read.header, route.access) else {
                 deferred(raw.incoming(message))
                 continue
             }
             do throws(ServiceError) {
                 try route.attachment.check(raw.attachment, type: read.header.type)
-                let uid = try Self.resolveWithoutSession(header: read.header, access: route.access, serviceToken: serviceToken)
+                let access: Access = route.access == .sessionOrService ? .service : route.access
+                let uid = try Self.resolveWithoutSession(header: read.header, access: access, serviceToken: serviceToken)
                 jobs.append(Job(raw: raw, route: route, payload: payload, context: RequestContext(message: message, uid: uid)))
             } catch {
                 raw.reply(message.errorReply(error, source: source))
@@ -148,6 +152,14 @@ extension RequestDispatcher {
             }
         }
         for (job, reply) in zip(jobs, replies) { job.raw.reply(reply) }
+    }
+
+    /// Whether a request of a ``Access/sessionOrService`` route is an app's, whose session must
+    /// be verified (by the handler off the loop), as ``resolveUID`` decides.
+    private func needsSession(_ header: EnvelopeHeader, _ access: Access) -> Bool {
+        guard access == .sessionOrService else { return false }
+        if header.sessionToken != nil { return true }
+        return serviceToken != nil && header.serviceToken == nil
     }
 
     /// Runs the jobs' handlers: the writing ones in one write transaction, the others in one read.
