@@ -160,8 +160,9 @@ public struct AuthService: Service {
             logger.notice("withdrawn", metadata: ["uid": "\(uid)"])
             return AccountResult(uid: uid)
         }
-        dispatcher.on(VerifySession.self, access: .open) { request, _ in
-            AccountResult(uid: try await store.uid(forSessionToken: request.sessionToken))
+        // Every other service asks this for each app request: answered on the bus's thread.
+        dispatcher.onLoop(VerifySession.self, access: .open, database: store.database, writes: false) { request, _, db in
+            AccountResult(uid: try AuthStore.uid(ofSession: request.sessionToken, in: db))
         }
         dispatcher.onEventsAfter(database: store.database)
         return dispatcher

@@ -202,7 +202,7 @@ struct AuthStore: SessionVerifier {
         try await withStore(database, write: false, logger: logger) { db in try Self.uid(ofSession: token, in: db) }
     }
 
-    private static func uid(ofSession token: String, in db: Database) throws -> String {
+    static func uid(ofSession token: String, in db: Database) throws -> String {
         guard let uid = try liveUID(ofSession: token, in: db) else { throw unauthenticated }
         return uid
     }

@@ -31,7 +31,8 @@ final class Engine: Sendable {
     /// machine again from the store.
     private let stale = Atomic<Bool>(false)
     private let queue = DecisionQueue()
-    private let waiters = Mutex<[OnboardingStateMachine.WaiterID: CheckedContinuation<Result<OnboardingStatus, ServiceError>, Never>]>([:])
+    /// Who is told the outcome of each "check me now" under way.
+    private let waiters = Mutex<[OnboardingStateMachine.WaiterID: @Sendable (Result<OnboardingStatus, ServiceError>) -> Void]>([:])
     private let nextWaiter = Atomic<UInt64>(0)
     /// People whose set-up is running in this process (a set-up, or settling one).
     private let settingUp = Mutex<Set<String>>([])
@@ -179,7 +180,7 @@ final class Engine: Sendable {
             defer { waiters = [:] }
             return Array(waiters.values)
         }
-        for continuation in waiting { continuation.resume(returning: .failure(failure)) }
+        for answer in waiting { answer(.failure(failure)) }
         throw error
     }
 
@@ -330,8 +331,8 @@ final class Engine: Sendable {
     }
 
     private func resume(_ waiter: OnboardingStateMachine.WaiterID, with result: Result<OnboardingStatus, ServiceError>) {
-        let continuation = waiters.withLock { $0.removeValue(forKey: waiter) }
-        continuation?.resume(returning: result)
+        let answer = waiters.withLock { $0.removeValue(forKey: waiter) }
+        answer?(result)
     }
 
     static func serviceError(_ error: any Error) -> ServiceError {
@@ -345,6 +346,20 @@ final class Engine: Sendable {
             source: source, sessions: sessions, serviceToken: configuration.serviceToken, logger: logger)
         dispatcher.on(CheckOnboarding.self, access: .session) { [self] _, context in
             try await check(uid: try context.requireUID())
+        }
+        // "Check me now" on the bus's thread: the session is verified from there, the request
+        // commits with its batch, and the answer goes out when the check's outcome commits.
+        dispatcher.onLoop(CheckOnboarding.self, access: .session, database: database) { [self] _, context, db, reply in
+            let uid = try context.requireUID()
+            let waiter = nextWaiter.wrappingAdd(1, ordering: .relaxed).newValue
+            let actions = try machine.withLock { machine in
+                try apply([DecisionQueue.Submission(inputs: [.checkRequested(uid: uid, waiter: waiter)])], to: &machine, in: db)
+            }
+            db.afterNextTransaction { _ in
+                self.waiters.withLock { $0[waiter] = { reply.send($0) } }
+                for action in actions { self.perform(action) }
+            }
+            return nil
         }
         dispatcher.on(SetUpProfile.self, access: .session, attachment: .optional) { [self] request, context in
             try await setUp(request, uid: try context.requireUID(), image: context.attachment, correlationId: context.message.header.id)
@@ -369,7 +384,7 @@ final class Engine: Sendable {
         let waiter = nextWaiter.wrappingAdd(1, ordering: .relaxed).newValue
         let result = await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
-                waiters.withLock { $0[waiter] = continuation }
+                waiters.withLock { $0[waiter] = { continuation.resume(returning: $0) } }
                 // Cancelled before the continuation was stored: onCancel found nothing to resume.
                 if Task.isCancelled {
                     resume(waiter, with: .failure(Self.stopping))

@@ -17,17 +17,23 @@ import OnboardingAPI
 /// has written, the batch's transaction is rolled back and its requests run again, one
 /// transaction each, so one failure costs the others nothing but time.
 ///
-/// Only requests whose access needs no call to another service can run here (``Access/open``,
-/// ``Access/service``, ``Access/serviceWithoutUID``, and the service side of
-/// ``Access/sessionOrService``); their handlers must not wait for anything but the database.
+/// Access: ``Access/open``, ``Access/service`` and ``Access/serviceWithoutUID`` are checked on
+/// the spot. ``Access/session`` asks the ``LoopSessionVerifier`` from the bus's thread and runs
+/// the handler when the answer comes (a verifier of another kind leaves the request to the handler
+/// registered with `on` for the same type, which must exist). For ``Access/sessionOrService``, requests with the service
+/// token run here and an app's go to the handler registered with `on` for the same type.
+/// Handlers must not wait for anything but the database.
 struct LoopRoutes: Sendable {
     struct Route: Sendable {
         var access: Access
         var attachment: AttachmentRule
         var writes: Bool
         var database: any DatabaseWriter
-        /// Runs the handler in `db` and returns the encoded reply.
-        var run: @Sendable (_ payload: any Sendable, _ context: RequestContext, _ db: Database) throws -> OutgoingMessage
+        /// Runs the handler in `db`: the encoded reply, or `nil` when the handler answers later
+        /// through `responder`.
+        var run:
+            @Sendable (_ payload: any Sendable, _ context: RequestContext, _ db: Database, _ responder: RawRequest) throws ->
+                OutgoingMessage?
     }
 
     private(set) var routes: [String: Route] = [:]
@@ -44,20 +50,48 @@ struct LoopRoutes: Sendable {
     }
 }
 
+/// The answer to a request handled on the bus's thread that its handler gives later (see
+/// ``RequestDispatcher/onLoop(_:access:database:writes:attachment:replyUID:answeringLater:)``).
+/// Only the first answer is sent.
+public struct LoopReply<Response: Codable & Sendable>: Sendable {
+    let responder: RawRequest
+    let context: RequestContext
+    let source: String
+    let replyType: String
+    let replyUID: (@Sendable (Response) -> String?)?
+
+    /// Answers with `result`: the response, or the error.
+    public func send(_ result: Result<Response, ServiceError>) {
+        switch result {
+        case .success(let response):
+            do {
+                responder.reply(try encode(response))
+            } catch {
+                responder.reply(context.message.errorReply(ServiceError(.internalError, "The reply could not be encoded: \(error)"), source: source))
+            }
+        case .failure(let error):
+            responder.reply(context.message.errorReply(error, source: source))
+        }
+    }
+
+    func encode(_ response: Response) throws -> OutgoingMessage {
+        var header = context.message.replyHeader(type: replyType, source: source)
+        if let uid = replyUID?(response) ?? context.uid { header.uid = uid }
+        return OutgoingMessage(body: try Envelope(header: header, payload: response).encoded())
+    }
+}
+
 extension RequestDispatcher {
     /// Adds a handler that runs on the bus's own thread, inside the write (or, with
     /// `writes: false`, read) transaction its batch shares (see ``LoopRoutes``).
     ///
     /// - Parameters:
-    ///   - access: ``Access/open``, ``Access/service`` or ``Access/serviceWithoutUID``; or
-    ///     ``Access/sessionOrService``, for requests that carry the service token: those with a
-    ///     session go to the handler registered with ``on(_:access:attachment:replyUID:_:)``
-    ///     for the same type, which must exist.
-    ///   - database: where the batch's transaction runs.
+    ///   - access: who may ask (see ``LoopRoutes`` for how each is checked).
+    ///   - database: where the batch's transaction runs (one database per dispatcher).
     ///   - replyUID: the person the reply names, from the response; by default the request's uid.
     ///   - handler: decides and writes; throws a ``ServiceError`` to refuse.
     public mutating func onLoop<Request: APIRequest>(
-        _: Request.Type,
+        _ type: Request.Type,
         access: Access,
         database: any DatabaseWriter,
         writes: Bool = true,
@@ -65,29 +99,56 @@ extension RequestDispatcher {
         replyUID: (@Sendable (Request.Response) -> String?)? = nil,
         _ handler: @escaping @Sendable (Request, RequestContext, Database) throws -> Request.Response
     ) {
+        onLoop(type, access: access, database: database, writes: writes, attachment: attachment, replyUID: replyUID) {
+            request, context, db, _ in try handler(request, context, db)
+        }
+    }
+
+    /// ``onLoop(_:access:database:writes:attachment:replyUID:_:)`` for a handler that may answer
+    /// later: it returns `nil` and keeps the ``LoopReply`` (for an answer that depends on another
+    /// service, for example). The reply is sent after the batch's commit at the earliest.
+    public mutating func onLoop<Request: APIRequest>(
+        _: Request.Type,
+        access: Access,
+        database: any DatabaseWriter,
+        writes: Bool = true,
+        attachment: AttachmentRule = .none,
+        replyUID: (@Sendable (Request.Response) -> String?)? = nil,
+        answeringLater handler: @escaping @Sendable (Request, RequestContext, Database, LoopReply<Request.Response>) throws ->
+            Request.Response?
+    ) {
         switch access {
-        case .open: break
+        case .open, .session: break
         case .service, .serviceWithoutUID, .sessionOrService: hasServiceRoutes = true
-        default: preconditionFailure("\(Request.type): a loop route cannot verify sessions; use on(_:access:...) instead")
+        case .endingSession: preconditionFailure("\(Request.type): endingSession is checked by its handler; use on(_:access:...)")
         }
         let source = self.source
         loop.add(
             Request.self,
             route: LoopRoutes.Route(
                 access: access, attachment: attachment, writes: writes, database: database,
-                run: { payload, context, db in
+                run: { payload, context, db, responder in
                     guard let request = payload as? Request else {
                         throw ServiceError(.internalError, "\(Request.type) was read as the wrong type.")
                     }
-                    let response = try handler(request, context, db)
-                    var header = context.message.replyHeader(type: Request.replyType, source: source)
-                    if let uid = replyUID?(response) ?? context.uid { header.uid = uid }
-                    return OutgoingMessage(body: try Envelope(header: header, payload: response).encoded())
+                    let reply = LoopReply<Request.Response>(
+                        responder: responder, context: context, source: source, replyType: Request.replyType,
+                        replyUID: replyUID)
+                    guard let response = try handler(request, context, db, reply) else { return nil }
+                    return try reply.encode(response)
                 }))
     }
 
     /// Whether any request type is answered on the bus's own thread.
     var hasLoopRoutes: Bool { !loop.isEmpty }
+
+    /// One request for a loop route, ready to run.
+    struct LoopJob: Sendable {
+        var raw: RawRequest
+        var route: LoopRoutes.Route
+        var payload: any Sendable
+        var context: RequestContext
+    }
 
     /// Handles one batch on the bus's own thread: loop routes are read, checked, committed together
     /// and answered; every other request is read as far as its header and handed to `defer`.
@@ -98,13 +159,7 @@ extension RequestDispatcher {
     func handleOnLoop(
         _ batch: [RawRequest], refusing: ServiceError?, rejected: () -> Void, defer deferred: (IncomingRequest) -> Void
     ) {
-        struct Job {
-            var raw: RawRequest
-            var route: LoopRoutes.Route
-            var payload: any Sendable
-            var context: RequestContext
-        }
-        var jobs: [Job] = []
+        var jobs: [LoopJob] = []
         for raw in batch {
             let read: EnvelopeReader.Read
             do throws(ServiceError) {
@@ -119,29 +174,58 @@ extension RequestDispatcher {
                 raw.reply(message.errorReply(refusing, source: source))
                 continue
             }
-            guard let route = loop[read.header.type], let payload = read.payload, !needsSession(read.header, route.access) else {
+            guard let route = loop[read.header.type], let payload = read.payload, !needsOwnHandler(read.header, route.access)
+            else {
                 deferred(raw.incoming(message))
                 continue
             }
             do throws(ServiceError) {
                 try route.attachment.check(raw.attachment, type: read.header.type)
+                if route.access == .session {
+                    try verifyThenRun(raw: raw, route: route, payload: payload, message: message)
+                    continue
+                }
                 let access: Access = route.access == .sessionOrService ? .service : route.access
                 let uid = try Self.resolveWithoutSession(header: read.header, access: access, serviceToken: serviceToken)
-                jobs.append(Job(raw: raw, route: route, payload: payload, context: RequestContext(message: message, uid: uid)))
+                jobs.append(LoopJob(raw: raw, route: route, payload: payload, context: RequestContext(message: message, uid: uid)))
             } catch {
                 raw.reply(message.errorReply(error, source: source))
             }
         }
-        guard !jobs.isEmpty else { return }
+        run(jobs)
+    }
 
-        let replies: [OutgoingMessage]
+    /// Asks for the session of a ``Access/session`` request, then runs it on the bus's thread.
+    private func verifyThenRun(raw: RawRequest, route: LoopRoutes.Route, payload: any Sendable, message: Message) throws(ServiceError) {
+        guard let token = message.header.sessionToken, !token.isEmpty else {
+            throw ServiceError(.unauthenticated, "This request needs the sessionToken from auth.signIn. Sign in first.")
+        }
+        guard let sessions = sessions as? any LoopSessionVerifier else {
+            throw ServiceError(.internalError, "This service cannot verify sessions.")
+        }
+        let dispatcher = self
+        sessions.uid(forSessionToken: token) { result in
+            switch result {
+            case .success(let uid):
+                dispatcher.run([LoopJob(raw: raw, route: route, payload: payload, context: RequestContext(message: message, uid: uid))])
+            case .failure(let error):
+                raw.reply(message.errorReply(error, source: dispatcher.source))
+            }
+        }
+    }
+
+    /// Runs `jobs` together and answers them (those whose handlers answer later, later).
+    private func run(_ jobs: [LoopJob]) {
+        guard !jobs.isEmpty else { return }
+        let replies: [OutgoingMessage?]
         do {
-            replies = try runTogether(jobs.map { ($0.route, $0.payload, $0.context) })
+            replies = try runTogether(jobs)
         } catch {
-            // One of them refused (or the store failed): each on its own, so the others commit.
+            // One of them failed after writing (or the store failed): each on its own, so the
+            // others commit.
             replies = jobs.map { job in
                 do {
-                    return try runTogether([(job.route, job.payload, job.context)])[0]
+                    return try runTogether([job])[0]
                 } catch let error as ServiceError {
                     return job.context.message.errorReply(error, source: source)
                 } catch {
@@ -151,12 +235,16 @@ extension RequestDispatcher {
                 }
             }
         }
-        for (job, reply) in zip(jobs, replies) { job.raw.reply(reply) }
+        for (job, reply) in zip(jobs, replies) {
+            if let reply { job.raw.reply(reply) }
+        }
     }
 
-    /// Whether a request of a ``Access/sessionOrService`` route is an app's, whose session must
-    /// be verified (by the handler off the loop), as ``resolveUID`` decides.
-    private func needsSession(_ header: EnvelopeHeader, _ access: Access) -> Bool {
+    /// Whether a ``Access/sessionOrService`` request is an app's, whose session the handler
+    /// registered with `on` verifies (as ``resolveUID`` decides).
+    private func needsOwnHandler(_ header: EnvelopeHeader, _ access: Access) -> Bool {
+        // Sessions that cannot be verified from the bus's thread are verified by that handler.
+        if access == .session { return !(sessions is any LoopSessionVerifier) }
         guard access == .sessionOrService else { return false }
         if header.sessionToken != nil { return true }
         return serviceToken != nil && header.serviceToken == nil
@@ -165,29 +253,28 @@ extension RequestDispatcher {
     /// Runs the jobs' handlers: the writing ones in one write transaction, the others in one read.
     /// A refusal before any change becomes that job's error reply; any other failure is thrown
     /// (after rolling back).
-    private func runTogether(
-        _ jobs: [(route: LoopRoutes.Route, payload: any Sendable, context: RequestContext)]
-    ) throws -> [OutgoingMessage] {
+    private func runTogether(_ jobs: [LoopJob]) throws -> [OutgoingMessage?] {
         var replies = [OutgoingMessage?](repeating: nil, count: jobs.count)
         let source = self.source
         for writes in [true, false] {
             let indices = jobs.indices.filter { jobs[$0].route.writes == writes }
             guard let first = indices.first else { continue }
             let database = jobs[first].route.database
-            let run = { (db: Database) throws -> [OutgoingMessage] in
+            let run = { (db: Database) throws -> [OutgoingMessage?] in
                 try indices.map { index in
+                    let job = jobs[index]
                     let changes = db.totalChangesCount
                     do {
-                        return try jobs[index].route.run(jobs[index].payload, jobs[index].context, db)
+                        return try job.route.run(job.payload, job.context, db, job.raw)
                     } catch let refusal as ServiceError where db.totalChangesCount == changes {
-                        return jobs[index].context.message.errorReply(refusal, source: source)
+                        return job.context.message.errorReply(refusal, source: source)
                     }
                 }
             }
             let made = writes ? try database.write(run) : try database.read(run)
             for (index, reply) in zip(indices, made) { replies[index] = reply }
         }
-        return replies.map { $0! }
+        return replies
     }
 }
 

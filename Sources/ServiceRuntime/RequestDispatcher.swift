@@ -61,7 +61,7 @@ public struct RequestDispatcher: Sendable {
     public typealias Handler = @Sendable (IncomingRequest) async -> Void
 
     public let source: String
-    private let sessions: (any SessionVerifier)?
+    let sessions: (any SessionVerifier)?
     let serviceToken: String?
     let logger: Logger
     private var handlers: [String: Handler] = [:]
@@ -201,7 +201,7 @@ public struct RequestDispatcher: Sendable {
             return
         }
         guard let handler = handlers[type] else {
-            let known = ([HealthCheck.type] + handlers.keys + loop.types).sorted().joined(separator: ", ")
+            let known = Set([HealthCheck.type] + handlers.keys + loop.types).sorted().joined(separator: ", ")
             request.fail(ServiceError(.unknownType, "\(source) does not answer \(type). It answers: \(known)."), source: source)
             return
         }
