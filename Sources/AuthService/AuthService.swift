@@ -114,7 +114,7 @@ public struct AuthService: Service {
                 store: store, identities: identities, serviceToken: configuration.serviceToken, logger: logger),
             logger: logger)
         try await withEventRetention(configuration.eventRetention, database: database, logger: logger) {
-            try await withCheckpoints(path: configuration.databasePath, logger: logger) {
+            try await withCheckpoints(path: configuration.databasePath, writer: database, logger: logger) {
                 try await server.run()
             }
         }

@@ -90,7 +90,7 @@ public struct OnboardingOrchestrator: Service {
     }
 
     public func run() async throws {
-        try await withCheckpoints(path: configuration.databasePath, logger: logger) {
+        try await withCheckpoints(path: configuration.databasePath, writer: database, logger: logger) {
             try await withEventRetention(configuration.retention, database: database, logger: logger) {
                 try await serve()
             }
