@@ -138,7 +138,10 @@ public final class EventFeed: Sendable {
 
     /// Who delivers the live events.
     private struct LiveState: Sendable {
-        /// Set while the bus's thread delivers (it owns the progress then).
+        /// Whether the bus's thread delivers now.
+        var delivering = false
+        /// The bus's thread's progress: set while it delivers, and kept when it hands delivery
+        /// back, until the follower takes it.
         var progress: FeedProgress?
         /// The loop handed delivery back and the follower must fetch from the cursor first.
         var needsCatchUp = false
@@ -180,7 +183,7 @@ public final class EventFeed: Sendable {
         }
         guard !messages.isEmpty else { return }
         liveState.withLock { state in
-            guard var progress = state.progress, let mailbox = state.mailbox else {
+            guard state.delivering, var progress = state.progress, let mailbox = state.mailbox else {
                 for message in messages { state.mailbox?.push(message) }
                 return
             }
@@ -194,22 +197,22 @@ public final class EventFeed: Sendable {
                     state.lastDelivery = .now
                 } catch {
                     logger.error("handling live events up to \(step.through) from \(events) failed (\(error)); fetching them again")
-                    state.progress = nil
+                    state.progress = progress
+                    state.delivering = false
                     state.needsCatchUp = true
                     shared.withLock { $0 = progress.statistics }
                     mailbox.wake()
                     return
                 }
             }
+            state.progress = progress
             shared.withLock { $0 = progress.statistics }
             if step.gap != nil || step.duplicates > 0 {
                 // As on the follower's path: fetch what is missing (or check a reset) first.
-                state.progress = nil
+                state.delivering = false
                 state.needsCatchUp = true
                 for message in pending { mailbox.push(message) }
                 mailbox.wake()
-            } else {
-                state.progress = progress
             }
         }
     }
@@ -217,8 +220,9 @@ public final class EventFeed: Sendable {
     /// Hands delivery to the bus's thread when nothing waits for the follower. Returns whether it did.
     private func handToLoop(_ progress: FeedProgress, mailbox: LiveMailbox) -> Bool {
         liveState.withLock { state in
-            guard state.progress == nil, !state.needsCatchUp, mailbox.isEmpty else { return false }
+            guard !state.delivering, state.progress == nil, !state.needsCatchUp, mailbox.isEmpty else { return false }
             state.progress = progress
+            state.delivering = true
             return true
         }
     }
@@ -229,6 +233,7 @@ public final class EventFeed: Sendable {
         liveState.withLock { state in
             defer {
                 state.progress = nil
+                state.delivering = false
                 state.needsCatchUp = false
             }
             return state.progress ?? progress
