@@ -82,7 +82,7 @@ public struct Envelope<Payload: Codable & Sendable>: Codable, Sendable {
 
     /// The JSON bytes of this envelope.
     public func encoded() throws -> Data {
-        try WireFormat.encoder().encode(self)
+        try WireEncoder.encode(self)
     }
 }
 

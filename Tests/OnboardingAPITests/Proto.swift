@@ -81,6 +81,9 @@ enum WireCatalog {
         let roundTrip: @Sendable (Data) throws -> Data
         /// Decodes a received message's payload as `T`, the way services do.
         let decodePayload: @Sendable (Message) throws(ServiceError) -> Void
+        /// Decodes a whole envelope and encodes it with ``WireEncoder`` and with Foundation's
+        /// encoder (``WireFormat/encoder()``).
+        let bothEncodings: @Sendable (Data) throws -> (wire: Data, foundation: Data)
     }
 
     static func entry<T: Codable & Sendable>(_ type: String, _ kind: Kind, _: T.Type) -> Entry {
@@ -90,7 +93,11 @@ enum WireCatalog {
                 let envelope = try WireFormat.decoder().decode(Envelope<T>.self, from: data)
                 return try envelope.encoded()
             },
-            decodePayload: { message throws(ServiceError) in _ = try message.payload(as: T.self) })
+            decodePayload: { message throws(ServiceError) in _ = try message.payload(as: T.self) },
+            bothEncodings: { data in
+                let envelope = try WireFormat.decoder().decode(Envelope<T>.self, from: data)
+                return (try WireEncoder.encode(envelope), try WireFormat.encoder().encode(envelope))
+            })
     }
 
     static func request<R: APIRequest>(_: R.Type) -> [Entry] {
