@@ -33,7 +33,7 @@ public struct EnvelopeHeader: Codable, Sendable, Hashable {
 
     public init(
         version: Int = EnvelopeHeader.currentVersion,
-        id: String = UUID().uuidString.lowercased(),
+        id: String = Identifier.random(),
         type: String,
         source: String,
         sequence: UInt64 = 0,

@@ -91,24 +91,37 @@ private final class ArrayNode {
 /// other control characters as `\u00xx`, everything else (slashes and non-ASCII included) as is.
 private func writeString(_ string: String, to output: inout [UInt8]) {
     output.append(UInt8(ascii: "\""))
-    let hex: StaticString = "0123456789abcdef"
-    for byte in string.utf8 {
-        switch byte {
-        case UInt8(ascii: "\""): output.append(contentsOf: [0x5C, 0x22])
-        case UInt8(ascii: "\\"): output.append(contentsOf: [0x5C, 0x5C])
-        case 0x08: output.append(contentsOf: [0x5C, UInt8(ascii: "b")])
-        case 0x0C: output.append(contentsOf: [0x5C, UInt8(ascii: "f")])
-        case 0x0A: output.append(contentsOf: [0x5C, UInt8(ascii: "n")])
-        case 0x0D: output.append(contentsOf: [0x5C, UInt8(ascii: "r")])
-        case 0x09: output.append(contentsOf: [0x5C, UInt8(ascii: "t")])
-        case 0x00..<0x20:
-            output.append(contentsOf: [0x5C, UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0")])
-            output.append(hex.utf8Start[Int(byte >> 4)])
-            output.append(hex.utf8Start[Int(byte & 0x0F)])
-        default: output.append(byte)
+    var string = string
+    string.withUTF8 { bytes in
+        // Runs that need no escaping are copied whole.
+        var start = 0
+        for index in 0..<bytes.count {
+            let byte = bytes[index]
+            guard byte < 0x20 || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") else { continue }
+            output.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[start..<index]))
+            writeEscaped(byte, to: &output)
+            start = index + 1
         }
+        output.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[start...]))
     }
     output.append(UInt8(ascii: "\""))
+}
+
+private func writeEscaped(_ byte: UInt8, to output: inout [UInt8]) {
+    let hex: StaticString = "0123456789abcdef"
+    switch byte {
+    case UInt8(ascii: "\""): output.append(contentsOf: [0x5C, 0x22])
+    case UInt8(ascii: "\\"): output.append(contentsOf: [0x5C, 0x5C])
+    case 0x08: output.append(contentsOf: [0x5C, UInt8(ascii: "b")])
+    case 0x0C: output.append(contentsOf: [0x5C, UInt8(ascii: "f")])
+    case 0x0A: output.append(contentsOf: [0x5C, UInt8(ascii: "n")])
+    case 0x0D: output.append(contentsOf: [0x5C, UInt8(ascii: "r")])
+    case 0x09: output.append(contentsOf: [0x5C, UInt8(ascii: "t")])
+    default:
+        output.append(contentsOf: [0x5C, UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0")])
+        output.append(hex.utf8Start[Int(byte >> 4)])
+        output.append(hex.utf8Start[Int(byte & 0x0F)])
+    }
 }
 
 private func integer<T: BinaryInteger>(_ value: T) -> Node {

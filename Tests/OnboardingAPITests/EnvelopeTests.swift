@@ -133,3 +133,31 @@ struct WireEncoderTests {
         #expect(try WireEncoder.encode(value) == WireFormat.encoder().encode(value))
     }
 }
+
+@Suite("Identifiers")
+struct IdentifierTests {
+    @Test("random and time-ordered ids are lowercase UUIDs of versions 4 and 7")
+    func format() throws {
+        for _ in 0..<1000 {
+            let random = Identifier.random()
+            let ordered = Identifier.timeOrdered()
+            for (id, version) in [(random, "4"), (ordered, "7")] {
+                #expect(id.count == 36)
+                #expect(id == id.lowercased())
+                let parsed = try #require(UUID(uuidString: id), "\(id)")
+                #expect(parsed.uuidString.lowercased() == id)
+                #expect(id[id.index(id.startIndex, offsetBy: 14)] == Character(version))
+                #expect("89ab".contains(id[id.index(id.startIndex, offsetBy: 19)]))
+            }
+        }
+        #expect(Set((0..<10_000).map { _ in Identifier.random() }).count == 10_000)
+    }
+
+    @Test("time-ordered ids sort by the millisecond they were made in")
+    func ordering() {
+        let earlier = Identifier.timeOrdered(now: Date(timeIntervalSince1970: 1_800_000_000))
+        let later = Identifier.timeOrdered(now: Date(timeIntervalSince1970: 1_800_000_000.002))
+        #expect(earlier < later)
+        #expect(earlier.hasPrefix("01a3185c"))  // 1,800,000,000,000 ms = 0x01a3185c5000
+    }
+}
