@@ -11,6 +11,16 @@ import Foundation
 ///   joined, and one that falls more than ``MessageLimits/queueLimit`` behind loses the newest
 ///   messages (counted in ``BusStatistics/droppedEvents``). Every event carries a per-publisher
 ///   sequence number so that a subscriber can see a gap and ask the publisher for what it missed.
+/// - **Joining is not instant.** ``subscribe(to:topics:limits:)`` returns before the
+///   subscription has joined: on ZeroMQ the connection and the subscription still have to reach
+///   the publisher (the "slow joiner"), so events published right after it returns may be lost,
+///   some or all of them. What is guaranteed, on both buses: nothing published before
+///   `subscribe` is delivered; once one event has arrived from a publisher, every later event
+///   of that publisher that matches arrives, in order (within the queue limit); the events that do arrive from
+///   one publisher are always in the order they were published. ``InProcessBus`` joins at once
+///   unless its `joinDelay` says otherwise. Code that must not miss an event subscribes first
+///   and then fetches the current state (the zguide's Clone pattern, as `EventFeed` and
+///   `OnboardingClient.intents()` do); the contract tests check these rules on both buses.
 /// - **Requests.** A server binds an endpoint and answers requests; a caller sends a request and
 ///   gets the reply, or a ``ServiceError``: `timeout` when no reply came in time (the server may
 ///   or may not have acted), `noResponder` when nothing listens at the endpoint. A request that
