@@ -48,7 +48,8 @@ public final class InProcessSystem: Sendable {
         /// between retries of profile checks and clean-ups.
         public var orchestratorCallTimeout: Duration
         public var orchestratorRetry: RetryPolicy
-        /// How much the services log (to standard error); `.warning` by default.
+        /// How much the services log (to standard error); `.error` by default (`.warning` shows
+        /// their retries, `.debug` everything).
         public var logLevel: Logger.Level
         /// Passed to the bus: see ``InProcessBus/init(source:joinDelay:)``. Zero by default.
         public var joinDelay: Duration
@@ -61,7 +62,7 @@ public final class InProcessSystem: Sendable {
             serviceToken: String = "in-process-service-token",
             orchestratorCallTimeout: Duration = .seconds(2),
             orchestratorRetry: RetryPolicy = RetryPolicy(),
-            logLevel: Logger.Level = .warning,
+            logLevel: Logger.Level = .error,
             joinDelay: Duration = .zero,
             directory: URL? = nil
         ) {
