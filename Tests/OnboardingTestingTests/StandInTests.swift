@@ -40,7 +40,7 @@ struct StandInTests {
         // `timeout` is retried by the client until its deadline, then thrown.
         orchestrator.fail(CheckOnboarding.self, with: ServiceError(.timeout, "pretend nobody answered"))
         await expectCode(.timeout) { _ = try await app.checkNow() }
-        #expect(orchestrator.requests(of: CheckOnboarding.self).count > 2, "retried")
+        #expect(orchestrator.requests(of: CheckOnboarding.self).count >= 2)
 
         // Stopped: nothing answers there any more.
         await orchestrator.stop()
