@@ -13,6 +13,8 @@ import Testing
 
 @Suite("The whole system in one process")
 struct InProcessSystemTests {
+    // Waits for readiness are long: on a 2-core machine loaded by the other tests (and other
+    // builds), the services have taken over 10 s to start.
     @Test("the orchestrator stops promptly on graceful shutdown while its checks keep failing")
     func shutdownWhileChecksFail() async throws {
         let bus = InProcessBus()
@@ -29,7 +31,7 @@ struct InProcessSystemTests {
         let group = ServiceGroup(services: [auth, orchestrator], logger: logger)
         try await withThrowingTaskGroup(of: Void.self) { tasks in
             tasks.addTask { try await group.run() }
-            try await bus.waitUntilAnswering(e.orchestratorRPC, source: "test")
+            try await bus.waitUntilAnswering(e.orchestratorRPC, source: "test", timeout: .seconds(30))
             let client = e.client(bus)
             _ = try await client.signIn(provider: .google, subject: "stopping")
             await expectCode(.dependencyUnavailable) { _ = try await client.checkNow() }
@@ -106,8 +108,8 @@ struct InProcessSystemTests {
         let second = ServiceGroup(services: [profile], logger: logger)
         try await withThrowingTaskGroup(of: Void.self) { tasks in
             tasks.addTask { try await first.run() }
-            try await bus.waitUntilAnswering(e.authRPC, source: "test")
-            try await bus.waitUntilAnswering(e.orchestratorRPC, source: "test")
+            try await bus.waitUntilAnswering(e.authRPC, source: "test", timeout: .seconds(30))
+            try await bus.waitUntilAnswering(e.orchestratorRPC, source: "test", timeout: .seconds(30))
             let client = e.client(bus)
             let tap = IntentRecorder(try await client.routeIntents(for: nil))
             // A new account needs no question: no profile can exist for a uid just minted.
