@@ -115,7 +115,7 @@ public final class InProcessSystem: Sendable {
     ///
     /// Call ``stop()`` when done, or use ``run(_:_:)``, which cannot forget to.
     /// - Throws: the error of a service that could not start (a folder it cannot write, say),
-    ///   or `timeout` when the services did not all answer within 20 seconds.
+    ///   or `timeout` when the services did not all answer within 60 seconds.
     public static func start(_ configuration: Configuration = Configuration()) async throws -> InProcessSystem {
         let directory = configuration.directory
             ?? FileManager.default.temporaryDirectory.appendingPathComponent("onboarding-\(UUID().uuidString)")
@@ -229,7 +229,7 @@ public final class InProcessSystem: Sendable {
     /// Waits until every service started answers `health`, or one of them fails.
     private func waitUntilReady(outcome: Outcome) async throws {
         let clock = ContinuousClock()
-        let deadline = clock.now.advanced(by: .seconds(20))
+        let deadline = clock.now.advanced(by: .seconds(60))
         let parts = Set(Part.allCases).subtracting(configuration.leftOut)
         let waiting = endpoints.rpcEndpoints.filter { entry in parts.contains { $0.serviceName == entry.service } }
         for (service, endpoint) in waiting {
@@ -244,7 +244,7 @@ public final class InProcessSystem: Sendable {
                 } catch let error as ServiceError where error.code == .noResponder || error.code == .timeout {
                     guard clock.now < deadline else {
                         throw ServiceError(
-                            .timeout, "\(service) did not answer at \(endpoint) within 20 s of starting; its log says why (Configuration.logLevel).")
+                            .timeout, "\(service) did not answer at \(endpoint) within 60 s of starting; its log says why (Configuration.logLevel).")
                     }
                     try await Task.sleep(for: .milliseconds(5))
                 }
