@@ -7,7 +7,7 @@ import Synchronization
 ///
 /// ```swift
 /// let profile = try await StandInService.start(on: bus, at: SystemEndpoints.inProcess.profileRPC)
-/// profile.answer(CheckUsername.self, with: UsernameAvailability(username: "minji", available: true))
+/// profile.answer(CheckUsername.self, with: UsernameAvailability(username: "minji", available: true, reason: nil))
 /// profile.fail(GetProfile.self, with: ServiceError(.storeUnavailable, "The store is down."))
 /// profile.answer(GetProfile.self, after: .seconds(1)) { _, _ in ProfileResult(profile: nil) }
 /// profile.ignore(CreateProfile.self)          // the caller's own timeout
