@@ -13,10 +13,11 @@ import Synchronization
 /// profile.ignore(CreateProfile.self)          // the caller's own timeout
 /// ```
 ///
-/// It answers `health` from the start. A request of a type you have not set up is refused with `unknownType`, as a real service
-/// refuses one it does not know, and is listed in ``unexpectedRequests``: check that it is
-/// empty at the end of a test. Every request is kept in ``requests`` (in arrival order).
-/// ``stop()`` unbinds the endpoint: from then on callers get `noResponder`.
+/// It answers `health` from the start. A request of a type you have not set up is refused with
+/// `unknownType`, as a real service refuses one it does not know, and is listed in
+/// ``unexpectedRequests``: check that it is empty at the end of a test. Every request is kept in
+/// ``requests`` (in arrival order). ``stop()`` unbinds the endpoint: from then on callers get
+/// `noResponder`.
 ///
 /// Set-ups may change while requests arrive; each request follows the set-up in place when it
 /// arrived. Requests are handled concurrently, so a late answer holds up no other.
