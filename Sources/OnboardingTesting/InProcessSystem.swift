@@ -51,7 +51,10 @@ public final class InProcessSystem: Sendable {
         /// How much the services log (to standard error); `.error` by default (`.warning` shows
         /// their retries, `.debug` everything).
         public var logLevel: Logger.Level
-        /// Passed to the bus: see ``InProcessBus/init(source:joinDelay:)``. Zero by default.
+        /// How long a new subscription on ``InProcessSystem/bus`` takes to start receiving (see
+        /// ``InProcessBus/init(source:joinDelay:)``): 20 ms by default, so that code which would
+        /// miss the first events after subscribing on ZeroMQ misses them here too. `.zero` joins
+        /// at once.
         public var joinDelay: Duration
         /// Where databases and images go; by default a new folder under the temporary
         /// directory, deleted by ``InProcessSystem/stop()``. A folder you name is kept.
@@ -63,7 +66,7 @@ public final class InProcessSystem: Sendable {
             orchestratorCallTimeout: Duration = .seconds(2),
             orchestratorRetry: RetryPolicy = RetryPolicy(),
             logLevel: Logger.Level = .error,
-            joinDelay: Duration = .zero,
+            joinDelay: Duration = .milliseconds(20),
             directory: URL? = nil
         ) {
             self.leftOut = leftOut
