@@ -98,7 +98,9 @@ struct AuthStore: SessionVerifier {
     static func signIn(
         provider: Provider, subject: String, correlationId: String, outbox: Outbox, in db: Database
     ) throws -> SignInResult {
-        let candidateUID = UUID().uuidString.lowercased()
+        // Time-ordered: new accounts (and the orchestrator's people) go to the end of their
+        // tables' indexes.
+        let candidateUID = Identifier.timeOrdered()
         let token = SessionToken.make()
         let now = Timestamp.now()
         try db.executeCached(
