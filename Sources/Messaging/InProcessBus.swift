@@ -57,8 +57,8 @@ public final class InProcessBus: MessageBus {
     /// - Parameters:
     ///   - source: the name this bus signs the errors it answers with.
     ///   - joinDelay: how long after ``subscribe(to:topics:limits:)`` returns its subscription
-    ///     starts receiving events, as on ZeroMQ; zero (the default) for at once. Subscriptions
-    ///     with a loop handler (`subscribe(to:topics:limits:onLoop:)`) join at once.
+    ///     (or ``subscribe(to:topics:limits:onLoop:)``'s) starts receiving events, as on
+    ///     ZeroMQ; zero (the default) for at once.
     public init(source: String = "bus", joinDelay: Duration = .zero) {
         self.source = source
         self.joinDelay = joinDelay
@@ -249,14 +249,28 @@ public final class InProcessBus: MessageBus {
         to endpoints: [Endpoint], topics: [String], limits: MessageLimits,
         onLoop handler: @escaping @Sendable ([RawEvent]) -> Void
     ) async throws -> any BusLoopRegistration {
-        let id = state.withLock { state in
-            let id = state.makeID()
-            for endpoint in endpoints {
-                state.subscribers[endpoint, default: [:]][id] = Subscriber(topics: topics, handler: handler)
+        let id = state.withLock { $0.makeID() }
+        let ended = Flag()
+        // Joins after `joinDelay`, as a stream subscription does (the slow joiner).
+        let join: @Sendable () -> Void = { [weak self] in
+            self?.state.withLock { state in
+                guard !ended.isSet else { return }
+                for endpoint in endpoints {
+                    state.subscribers[endpoint, default: [:]][id] = Subscriber(topics: topics, handler: handler)
+                }
             }
-            return id
+        }
+        if joinDelay == .zero {
+            join()
+        } else {
+            let delay = joinDelay
+            Task {
+                try? await Task.sleep(for: delay)
+                join()
+            }
         }
         return Registration { [weak self] in
+            ended.set()
             self?.state.withLock { state in
                 for endpoint in endpoints { state.subscribers[endpoint]?[id] = nil }
             }
