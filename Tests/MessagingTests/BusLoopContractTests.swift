@@ -204,6 +204,35 @@ struct BusLoopContractTests {
         }
     }
 
+    @Test("a loop subscription joins like any: the first events may be lost, what arrives is an unbroken, ordered run", arguments: BusKind.allCases)
+    func loopSubscriptionTiming(kind: BusKind) async throws {
+        try await withHarness(kind) { buses in
+            let publisher = try await buses.bindPublisher()
+            defer { publisher.close() }
+            let (events, sink) = AsyncStream.makeStream(of: RawEvent.self)
+            let subscription = try await buses.client.subscribe(to: [publisher.endpoint], topics: ["user."], limits: MessageLimits()) { batch in
+                for event in batch { sink.yield(event) }
+            }
+            defer { subscription.close() }
+            let sending = Task {
+                var number = 0
+                while !Task.isCancelled {
+                    try publisher.publish(event("user.numbered", text: "\(number)"))
+                    number += 1
+                    if number % 10 == 0 { try await Task.sleep(for: .milliseconds(2)) }
+                }
+            }
+            var received: [Int] = []
+            for await raw in events {
+                received.append(Int(try Message(topic: raw.topic, body: raw.body).payload(as: Echo.self).text) ?? -1)
+                if received.count == 50 { break }
+            }
+            sending.cancel()
+            let first = try #require(received.first)
+            #expect(received == Array(first..<(first + 50)), "lost or reordered after the first: \(received)")
+        }
+    }
+
     /// Answers `raw` with its own payload, or with the error reading it gives.
     static func echo(_ raw: RawRequest) {
         do throws(ServiceError) {
