@@ -1,3 +1,4 @@
+import AuthIdentity
 import Logging
 import Messaging
 import OnboardingAPI
@@ -39,6 +40,9 @@ public struct AuthService: Service {
         public var serviceToken: String?
         /// How long published events are kept for replay.
         public var eventRetention: Outbox.Retention
+        /// How sign-ins are verified outside dev mode: each provider's client ids, issuer and key
+        /// set URL (Naver: its profile API). A provider without client ids refuses its sign-ins.
+        public var identityProviders: IdentityProviderSettings
 
         public init(
             rpc: Endpoint = Defaults.authRPC,
@@ -46,7 +50,8 @@ public struct AuthService: Service {
             databasePath: String? = nil,
             devMode: Bool = false,
             serviceToken: String? = nil,
-            eventRetention: Outbox.Retention = Outbox.Retention()
+            eventRetention: Outbox.Retention = Outbox.Retention(),
+            identityProviders: IdentityProviderSettings = IdentityProviderSettings()
         ) {
             self.rpc = rpc
             self.events = events
@@ -54,6 +59,7 @@ public struct AuthService: Service {
             self.devMode = devMode
             self.serviceToken = serviceToken
             self.eventRetention = eventRetention
+            self.identityProviders = identityProviders
         }
     }
 
@@ -64,8 +70,8 @@ public struct AuthService: Service {
     private let trustsSubjects: Bool
 
     /// - Parameter identities: verifies sign-ins. When `nil`, dev mode picks
-    ///   ``DevModeIdentityVerifier``; without dev mode every sign-in is refused with
-    ///   `unauthenticated` until real ID-token verification exists.
+    ///   ``DevModeIdentityVerifier``; without dev mode, ``ProviderIdentityVerifier`` verifies
+    ///   tokens with the providers of ``Configuration/identityProviders``.
     /// - Throws: ``ServiceError`` `invalidRequest` when the configuration cannot work (the same
     ///   endpoint for requests and events, or an empty database path).
     public init(
@@ -88,7 +94,7 @@ public struct AuthService: Service {
             self.identities = DevModeIdentityVerifier()
             self.trustsSubjects = true
         } else {
-            self.identities = UnavailableIdentityVerifier()
+            self.identities = ProviderIdentityVerifier(settings: configuration.identityProviders, logger: logger)
             self.trustsSubjects = false
         }
     }
@@ -101,6 +107,8 @@ public struct AuthService: Service {
     public func run() async throws {
         if trustsSubjects {
             logger.warning("DEV MODE: sign-in accepts provider subjects without ID tokens. Never run this in production.")
+        } else if let providers = identities as? ProviderIdentityVerifier {
+            for line in providers.settings.summary { logger.notice("sign-in with \(line)") }
         }
         let database = try ServiceDatabase.open(path: configuration.databasePath)
         try AuthStore.migrator.migrate(database)
@@ -125,8 +133,7 @@ public struct AuthService: Service {
     ) -> RequestDispatcher {
         var dispatcher = RequestDispatcher(source: ServiceName.auth, sessions: store, serviceToken: serviceToken, logger: logger)
         dispatcher.on(SignIn.self, access: .open) { request, context in
-            let subject = try await identities.verify(
-                provider: request.provider, subject: request.subject, idToken: request.idToken)
+            let subject = try await identities.verify(request)
             let result = try await store.signIn(
                 provider: request.provider, subject: subject, correlationId: context.message.header.id)
             // Per sign-in: debug, so that 1,000 sign-ins/s do not flood the log.

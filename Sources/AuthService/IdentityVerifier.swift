@@ -1,20 +1,33 @@
+import AuthIdentity
 import Foundation
 import Messaging
 import OnboardingAPI
 
 /// Proves that the person signing in controls the provider account they name.
 ///
-/// This is the seam for verifying real provider ID tokens (Google, Apple, Kakao, Naver): an
-/// implementation checks `idToken`'s signature, issuer, audience and expiry, and returns the
-/// token's `sub`. Auth keys accounts on the subject this returns, never on the one sent.
+/// ``ProviderIdentityVerifier`` (in `AuthIdentity`) is the real one: it checks Google, Apple and
+/// Kakao ID tokens against the providers' published keys and asks Naver's profile API about
+/// access tokens, and returns the provider's subject. Auth keys accounts on the subject this
+/// returns, never on the one sent.
 ///
 /// Thread safety: implementations are `Sendable`; auth calls `verify` from many tasks at once.
 public protocol IdentityVerifier: Sendable {
     /// Checks a sign-in and returns the verified provider subject.
     ///
-    /// - Throws: ``ServiceError`` `unauthenticated` when the proof fails, `invalidRequest` when
-    ///   the input is malformed, or `dependencyUnavailable` when the provider could not be asked.
-    func verify(provider: Provider, subject: String, idToken: String?) async throws -> String
+    /// - Throws: ``ServiceError`` `unauthenticated` when the proof fails (its `reason` says
+    ///   why), `invalidRequest` when the input is malformed, or `dependencyUnavailable` when the
+    ///   provider could not be asked (retry).
+    func verify(_ request: SignIn) async throws -> String
+
+    /// The same answer as ``verify(_:)`` when it can be given at once, without waiting on
+    /// anything slow (no network, no lock held for long); `nil` when ``verify(_:)`` must be
+    /// awaited. For a caller on a thread that must not suspend (the bus's own): try this first.
+    func verifyCached(_ request: SignIn) -> Result<String, ServiceError>?
+}
+
+extension IdentityVerifier {
+    /// By default nothing is known at once.
+    public func verifyCached(_ request: SignIn) -> Result<String, ServiceError>? { nil }
 }
 
 /// Local development only: trusts the subject as sent, with or without an ID token.
@@ -29,26 +42,42 @@ public struct DevModeIdentityVerifier: IdentityVerifier {
 
     /// - Returns: the trimmed subject.
     /// - Throws: ``ServiceError`` `invalidRequest` when the subject is empty or too long.
-    public func verify(provider: Provider, subject: String, idToken: String?) async throws -> String {
-        let trimmed = subject.trimmingCharacters(in: .whitespacesAndNewlines)
+    public func verify(_ request: SignIn) async throws -> String {
+        try check(request).get()
+    }
+
+    /// Always answers at once.
+    public func verifyCached(_ request: SignIn) -> Result<String, ServiceError>? {
+        check(request)
+    }
+
+    private func check(_ request: SignIn) -> Result<String, ServiceError> {
+        let trimmed = request.subject.trimmingCharacters(in: .whitespacesAndNewlines)
         guard !trimmed.isEmpty else {
-            throw ServiceError(.invalidRequest, "Field 'subject' is empty; send the provider account's id.")
+            return .failure(ServiceError(.invalidRequest, "Field 'subject' is empty; send the provider account's id."))
         }
         guard trimmed.count <= Self.maximumSubjectLength else {
-            throw ServiceError(
-                .invalidRequest,
-                "Field 'subject' has \(trimmed.count) characters; at most \(Self.maximumSubjectLength) are accepted.")
+            return .failure(
+                ServiceError(
+                    .invalidRequest,
+                    "Field 'subject' has \(trimmed.count) characters; at most \(Self.maximumSubjectLength) are accepted."))
         }
-        return trimmed
+        return .success(trimmed)
     }
 }
 
-/// What auth uses when dev mode is off and no real verifier was given: it refuses every sign-in.
-struct UnavailableIdentityVerifier: IdentityVerifier {
-    func verify(provider: Provider, subject: String, idToken: String?) async throws -> String {
-        throw ServiceError(
-            .unauthenticated,
-            "Verifying \(provider.rawValue) ID tokens is not built yet, so this auth service cannot sign anyone in. "
-                + "For local use, start auth with --dev-mode (or ONBOARDING_AUTH_DEV_MODE=1).")
+/// The real providers, as auth's ``IdentityVerifier``: the request's `idToken`, `accessToken`
+/// and `nonce` are the proof; its `subject` is not trusted (the verified one is returned).
+extension ProviderIdentityVerifier: IdentityVerifier {
+    public func verify(_ request: SignIn) async throws -> String {
+        try await verify(Self.proof(request))
+    }
+
+    public func verifyCached(_ request: SignIn) -> Result<String, ServiceError>? {
+        verifyCached(Self.proof(request))
+    }
+
+    static func proof(_ request: SignIn) -> SignInProof {
+        SignInProof(provider: request.provider, idToken: request.idToken, accessToken: request.accessToken, nonce: request.nonce)
     }
 }
