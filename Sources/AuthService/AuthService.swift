@@ -10,7 +10,8 @@ import ServiceRuntime
 ///
 /// Requests (at ``Configuration/rpc``):
 /// - `auth.signIn` (open): verifies the identity, finds or creates the account, opens a session.
-/// - `auth.signOut` (session): ends the envelope's session. Safe to retry: a sign-out of a
+/// - `auth.signOut` (session): ends the envelope's session (with `everywhere`, every session of
+///   its account). Safe to retry: a sign-out of a
 ///   session that already ended (signed out or withdrawn, within the last 24 hours) answers the
 ///   same uid and publishes nothing.
 /// - `auth.withdraw` (session): deletes the account and all its sessions. Safe to retry: a
@@ -43,6 +44,8 @@ public struct AuthService: Service {
         /// How sign-ins are verified outside dev mode: each provider's client ids, issuer and key
         /// set URL (Naver: its profile API). A provider without client ids refuses its sign-ins.
         public var identityProviders: IdentityProviderSettings
+        /// How long sessions live unused (30 days) and how many an account holds (10).
+        public var sessions: SessionPolicy
 
         public init(
             rpc: Endpoint = Defaults.authRPC,
@@ -51,7 +54,8 @@ public struct AuthService: Service {
             devMode: Bool = false,
             serviceToken: String? = nil,
             eventRetention: Outbox.Retention = Outbox.Retention(),
-            identityProviders: IdentityProviderSettings = IdentityProviderSettings()
+            identityProviders: IdentityProviderSettings = IdentityProviderSettings(),
+            sessions: SessionPolicy = SessionPolicy()
         ) {
             self.rpc = rpc
             self.events = events
@@ -60,6 +64,7 @@ public struct AuthService: Service {
             self.serviceToken = serviceToken
             self.eventRetention = eventRetention
             self.identityProviders = identityProviders
+            self.sessions = sessions
         }
     }
 
@@ -115,7 +120,8 @@ public struct AuthService: Service {
         let publisher = try await bus.publisher(at: configuration.events)
         defer { publisher.close() }
         logger.info("auth publishes events at \(configuration.events)")
-        let store = AuthStore(database: database, outbox: Outbox(source: ServiceName.auth, publisher: publisher), logger: logger)
+        let store = AuthStore(database: database, outbox: Outbox(source: ServiceName.auth, publisher: publisher), logger: logger,
+            sessions: configuration.sessions)
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc,
             dispatcher: Self.dispatcher(
@@ -144,9 +150,10 @@ public struct AuthService: Service {
         }
         // Sign-out and withdrawal check the token themselves, in the transaction that ends the
         // session, so that a retry after the session ended is answered as the first one was.
-        dispatcher.on(SignOut.self, access: .endingSession, replyUID: \.uid) { _, context in
+        dispatcher.on(SignOut.self, access: .endingSession, replyUID: \.uid) { request, context in
             let uid = try await store.signOut(
-                token: context.message.header.sessionToken ?? "", correlationId: context.message.header.id)
+                token: context.message.header.sessionToken ?? "", everywhere: request.everywhere == true,
+                correlationId: context.message.header.id)
             logger.debug("signed out", metadata: ["uid": "\(uid)"])
             return AccountResult(uid: uid)
         }

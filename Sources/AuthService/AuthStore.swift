@@ -11,6 +11,10 @@ enum SessionEnding: String, Sendable {
     case signOut
     /// `auth.withdraw`: the account was deleted, with every session.
     case withdrawal
+    /// Not used for ``SessionPolicy/lifetime``.
+    case expired
+    /// Ended by a sign-in beyond ``SessionPolicy/maximumPerAccount``.
+    case evicted
 }
 
 /// Accounts and sessions in SQLite, with the events each change causes written to the outbox in
@@ -42,6 +46,8 @@ struct AuthStore: SessionVerifier {
     var logger: Logger? = nil
     /// The time ended sessions are stamped and judged with (tests move it).
     var clock: @Sendable () -> Date = { Date() }
+    /// How long sessions live and how many an account may hold.
+    var sessions = SessionPolicy()
 
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
@@ -79,6 +85,7 @@ struct AuthStore: SessionVerifier {
                 table.column("endedAt", .text).notNull().indexed()
             }
         }
+        registerSessionLifetimeMigration(in: &migrator)
         return migrator
     }
 
@@ -89,9 +96,10 @@ struct AuthStore: SessionVerifier {
     func signIn(provider: Provider, subject: String, correlationId: String) async throws -> SignInResult {
         let candidateUID = UUID().uuidString.lowercased()
         let token = SessionToken.make()
-        let outbox = self.outbox
+        let (outbox, policy, clock) = (self.outbox, sessions, clock)
         return try await withStore(database, logger: logger) { db in
-            let now = Timestamp.now()
+            let date = clock()
+            let now = Timestamp.format(date)
             try db.execute(
                 sql: """
                     INSERT INTO account (uid, provider, subject, createdAt) VALUES (?, ?, ?, ?)
@@ -107,8 +115,9 @@ struct AuthStore: SessionVerifier {
                 throw ServiceError(.internalError, "The account vanished while signing in; try again.")
             }
             try db.execute(
-                sql: "INSERT INTO session (token, uid, createdAt) VALUES (?, ?, ?)",
-                arguments: [SessionToken.digest(token), uid, now])
+                sql: "INSERT INTO session (token, uid, createdAt, lastUsedAt) VALUES (?, ?, ?, ?)",
+                arguments: [SessionToken.digest(token), uid, now, now])
+            try Self.applySessionPolicy(policy, uid: uid, now: date, outbox: outbox, correlationId: correlationId, in: db)
             try outbox.append(
                 SignedIn(uid: uid, provider: provider, isNewAccount: isNewAccount, sessions: try Self.liveSessions(of: uid, in: db)),
                 uid: uid, correlationId: correlationId, in: db)
@@ -122,12 +131,13 @@ struct AuthStore: SessionVerifier {
     /// - Returns: the session's uid.
     /// - Throws: `unauthenticated` when the token is neither a live session nor one that ended
     ///   (signed out or withdrawn) within ``endedSessionRetention``.
-    func signOut(token: String, correlationId: String) async throws -> String {
+    func signOut(token: String, everywhere: Bool = false, correlationId: String) async throws -> String {
         let (outbox, now) = (self.outbox, clock())
         return try await withStore(database, logger: logger) { db in
             let digest = SessionToken.digest(token)
             if let uid = try Self.liveUID(ofSession: token, in: db) {
                 try db.execute(sql: "DELETE FROM session WHERE token = ?", arguments: [digest])
+                if everywhere { try db.execute(sql: "DELETE FROM session WHERE uid = ?", arguments: [uid]) }
                 try Self.recordEnding(.signOut, digest: digest, uid: uid, at: now, in: db)
                 try outbox.append(
                     SignedOut(uid: uid, sessions: try Self.liveSessions(of: uid, in: db)), uid: uid,
@@ -147,10 +157,12 @@ struct AuthStore: SessionVerifier {
     /// - Throws: `unauthenticated` when the token is neither a live session nor one that was
     ///   withdrawn within ``endedSessionRetention`` (a signed-out session cannot withdraw).
     func withdraw(token: String, correlationId: String) async throws -> String {
-        let (outbox, now) = (self.outbox, clock())
+        let (outbox, now, policy) = (self.outbox, clock(), sessions)
         return try await withStore(database, logger: logger) { db in
             let digest = SessionToken.digest(token)
-            if let uid = try Self.liveUID(ofSession: token, in: db) {
+            if let uid = try Self.liveUID(ofSession: token, in: db),
+                try !Self.isExpired(token: token, policy: policy, now: now, in: db)
+            {
                 try db.execute(sql: "DELETE FROM account WHERE uid = ?", arguments: [uid])
                 try Self.recordEnding(.withdrawal, digest: digest, uid: uid, at: now, in: db)
                 try outbox.append(Withdrawn(uid: uid), uid: uid, correlationId: correlationId, in: db)
@@ -163,7 +175,7 @@ struct AuthStore: SessionVerifier {
 
     /// Records that the session with `digest` ended, and forgets the endings older than the
     /// retention window (an indexed range delete, so each ending pays for the few before it).
-    private static func recordEnding(_ ending: SessionEnding, digest: String, uid: String, at now: Date, in db: Database) throws {
+    static func recordEnding(_ ending: SessionEnding, digest: String, uid: String, at now: Date, in db: Database) throws {
         try db.execute(
             sql: "DELETE FROM endedSession WHERE endedAt < ?",
             arguments: [Timestamp.format(now.addingTimeInterval(-endedSessionRetention))])
@@ -173,7 +185,7 @@ struct AuthStore: SessionVerifier {
     }
 
     /// How the session with `digest` ended, if it did within the retention window before `now`.
-    private static func ended(digest: String, asOf now: Date, in db: Database) throws -> (uid: String, ending: SessionEnding)? {
+    static func ended(digest: String, asOf now: Date, in db: Database) throws -> (uid: String, ending: SessionEnding)? {
         let cutoff = Timestamp.format(now.addingTimeInterval(-endedSessionRetention))
         guard
             let row = try Row.fetchOne(
@@ -183,13 +195,9 @@ struct AuthStore: SessionVerifier {
         return (row["uid"], ending)
     }
 
+    /// The uid of `token`'s live session; a use that slides its expiry (see ``SessionPolicy``).
     func uid(forSessionToken token: String) async throws -> String {
-        try await withStore(database, write: false, logger: logger) { db in try Self.uid(ofSession: token, in: db) }
-    }
-
-    private static func uid(ofSession token: String, in db: Database) throws -> String {
-        guard let uid = try liveUID(ofSession: token, in: db) else { throw unauthenticated }
-        return uid
+        try await liveSessionUID(token: token)
     }
 
     /// The uid of `token`'s live session, or `nil`.

@@ -110,11 +110,14 @@ public struct SignInResult: Codable, Sendable, Hashable {
     }
 }
 
-/// `auth.signOut`: ends the session named by the envelope's `sessionToken`.
+/// `auth.signOut`: ends the session named by the envelope's `sessionToken`, or with
+/// ``everywhere`` every session of its account.
 public struct SignOut: APIRequest {
     public typealias Response = AccountResult
     public static let type = "auth.signOut"
-    public init() {}
+    /// `true`: end every session of the account (sign out on every device). Absent: this one.
+    public var everywhere: Bool?
+    public init(everywhere: Bool? = nil) { self.everywhere = everywhere }
 }
 
 /// `auth.withdraw`: deletes the account of the envelope's `sessionToken`, and with it every

@@ -28,6 +28,8 @@ struct AuthServiceCommand: AsyncParsableCommand {
 
     @OptionGroup(title: "Identity providers (ignored in dev mode)") var identity: IdentityProviderOptions
 
+    @OptionGroup(title: "Sessions") var sessions: SessionOptions
+
     func run() async throws {
         ServiceHost.bootstrapLogging(level: common.level)
         let logger = Logger(label: ServiceName.auth)
@@ -38,7 +40,8 @@ struct AuthServiceCommand: AsyncParsableCommand {
             devMode: devMode || ["1", "true"].contains(Settings.environment("ONBOARDING_AUTH_DEV_MODE")?.lowercased()),
             serviceToken: try common.resolvedServiceToken(),
             eventRetention: try retention.retention(),
-            identityProviders: try identity.settings())
+            identityProviders: try identity.settings(),
+            sessions: try sessions.policy())
         try await ServiceHost.run(name: ServiceName.auth, logger: logger) { bus in
             [try AuthService(configuration: configuration, bus: bus, logger: logger)]
         }
