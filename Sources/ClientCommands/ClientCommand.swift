@@ -157,13 +157,15 @@ struct ProfileCommand: AsyncParsableCommand {
 
 struct SignOutCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "sign-out", abstract: "End the session; the profile stays.")
+    @Flag(help: "End every session of the account, on every device.")
+    var everywhere = false
     @OptionGroup var options: ClientOptions
 
     func run() async throws {
         let session = try options.sessionFile.require()
-        try await options.withClient { try await $0.signOut() }
+        try await options.withClient { try await $0.signOut(everywhere: everywhere) }
         try options.sessionFile.save(nil)
-        Terminal.line("signed out \(session.uid)")
+        Terminal.line("signed out \(session.uid)\(everywhere ? " everywhere" : "")")
     }
 }
 

@@ -110,8 +110,9 @@ public final class OnboardingClient: Sendable {
     /// Ends the session. Cached data about the person is forgotten; the profile stays.
     ///
     /// Retried: a repeat of a sign-out that happened is answered as the first one was.
-    public func signOut() async throws {
-        _ = try await userCall(SignOut(), to: configuration.authRPC)
+    /// - Parameter everywhere: end every session of the account (every device), not only this one.
+    public func signOut(everywhere: Bool = false) async throws {
+        _ = try await userCall(SignOut(everywhere: everywhere ? true : nil), to: configuration.authRPC)
         currentSession.withLock { $0 = nil }
     }
 
