@@ -251,7 +251,7 @@ let package = Package(
             name: "SystemTests",
             dependencies: [
                 "OnboardingClient", "AuthService", "ProfileService", "ImageUploadService",
-                "OnboardingOrchestrator", "ZeroMQMessaging", "FuzzKit", "ImageFixtures",
+                "OnboardingOrchestrator", "ZeroMQMessaging", "FuzzKit", "ImageFixtures", "FakeIdentityProvider",
             ]
         ),
 
