@@ -21,7 +21,7 @@ public struct VerifiedIDToken: Sendable, Hashable {
 /// because jwt-kit would fall back to a default key for an unknown `kid`) and whose `alg` is the
 /// one that key is pinned to (so `none` and `HS256` are refused before any key is used); the
 /// signature, by jwt-kit's verifier of that key; then the payload: `iss` one of the issuers,
-/// `aud` (a string or a list) naming a configured client id, `exp` not passed and `iat`/`nbf`
+/// `aud` (a string or a list) naming only configured client ids, `exp` not passed and `iat`/`nbf`
 /// not in the future (each with ``leeway``), `sub` present, and `nonce` when the app sent one.
 ///
 /// Thread safety: an immutable value; ``check(_:nonce:keys:now:)`` is synchronous and cheap (one
@@ -116,9 +116,11 @@ public struct IDTokenChecker: Sendable {
                     .wrongIssuer,
                     "the ID token's issuer is \"\(claims.iss ?? "(none)")\", not \(issuers.sorted().joined(separator: " or "))"))
         }
-        guard let audience = claims.aud?.value.first(where: audiences.contains) else {
+        // OpenID Connect Core 3.1.3.7: the token names one of our client ids, and no audience
+        // we do not trust.
+        guard let named = claims.aud?.value, let audience = named.first, named.allSatisfy(audiences.contains) else {
             return .failure(
-                problem(.wrongAudience, "the ID token was issued to \(claims.aud?.value ?? []), not to this app's client ids"))
+                problem(.wrongAudience, "the ID token was issued to \(claims.aud?.value ?? []), not only to this app's client ids"))
         }
         guard let exp = claims.exp else { return .failure(problem(.malformedToken, "the ID token has no exp")) }
         guard let iat = claims.iat else { return .failure(problem(.malformedToken, "the ID token has no iat")) }

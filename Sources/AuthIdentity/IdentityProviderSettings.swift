@@ -12,7 +12,7 @@ public struct OIDCProviderSettings: Sendable, Hashable {
     public var issuers: [String]
     /// Where the provider's JSON Web Key Set is published (`https`, or `http` on loopback only).
     public var jwksURL: String
-    /// The app's client ids: an ID token's `aud` must name one of them.
+    /// The app's client ids: an ID token's `aud` must name one of them, and nothing else.
     public var clientIDs: [String]
     /// Whether the token's `nonce` is the SHA-256 (lowercase hex) of the nonce the app made
     /// (Apple), rather than that nonce itself (Google, Kakao).

@@ -23,7 +23,7 @@ public enum IdentityRefusal: String, Sendable, CaseIterable {
     case badSignature
     /// `iss` is not the provider's issuer.
     case wrongIssuer
-    /// `aud` names none of the configured client ids.
+    /// `aud` names none of the configured client ids, or also an audience that is not one.
     case wrongAudience
     /// `exp` has passed (beyond the leeway).
     case tokenExpired

@@ -71,14 +71,18 @@ struct IDTokenCheckerTests {
         #expect(refusal(kakao, keys: f.keys) == .wrongIssuer)
     }
 
-    @Test("the audience must be one of the client ids; a list with one of them is accepted")
+    @Test("the audience must be our client ids only: a list of ours is accepted, one with a stranger's is not")
     func audience() async throws {
         let f = try await Self.fixtures.value
         #expect(refusal(try FakeJWT.sign(payload: claims(audience: "app-android"), with: f.key), keys: f.keys) == nil)
         #expect(refusal(try FakeJWT.sign(payload: claims(audience: "someone-elses-app"), with: f.key), keys: f.keys) == .wrongAudience)
         var listed = claims()
-        listed["aud"] = ["other", "app-ios"]
+        listed["aud"] = ["app-android", "app-ios"]
         #expect(refusal(try FakeJWT.sign(payload: listed, with: f.key), keys: f.keys) == nil)
+        listed["aud"] = ["other", "app-ios"]
+        #expect(refusal(try FakeJWT.sign(payload: listed, with: f.key), keys: f.keys) == .wrongAudience)
+        listed["aud"] = [String]()
+        #expect(refusal(try FakeJWT.sign(payload: listed, with: f.key), keys: f.keys) != nil)
     }
 
     @Test("exp and iat are judged with the leeway")
