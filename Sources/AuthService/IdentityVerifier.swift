@@ -28,6 +28,12 @@ public protocol IdentityVerifier: Sendable {
 extension IdentityVerifier {
     /// By default nothing is known at once.
     public func verifyCached(_ request: SignIn) -> Result<String, ServiceError>? { nil }
+
+    /// The earlier form of ``verify(_:)``, for callers that have no `SignIn` at hand: without
+    /// `accessToken` and `nonce`, so Naver sign-ins and nonces cannot be checked through it.
+    public func verify(provider: Provider, subject: String, idToken: String?) async throws -> String {
+        try await verify(SignIn(provider: provider, subject: subject, idToken: idToken))
+    }
 }
 
 /// Local development only: trusts the subject as sent, with or without an ID token.
