@@ -132,7 +132,10 @@ let package = Package(
         ),
         .testTarget(
             name: "AuthIdentityTests",
-            dependencies: ["AuthIdentity", "AuthService", "FakeIdentityProvider", "ServiceRuntime"]
+            dependencies: [
+                "AuthIdentity", "AuthService", "FakeIdentityProvider", "ServiceRuntime",
+                .product(name: "JWTKit", package: "jwt-kit"),
+            ]
         ),
 
         // MARK: Services

@@ -23,6 +23,11 @@ public protocol IdentityHTTPClient: Sendable {
     /// - Throws: when no answer came (connection refused, timeout, a body over 1 MiB). Any status
     ///   is an answer.
     func get(_ url: String, bearer: String?, timeout: TimeInterval) async throws -> HTTPAnswer
+
+    /// A `POST` of an `application/x-www-form-urlencoded` body with `headers`.
+    ///
+    /// - Throws: when no answer came. Any status is an answer.
+    func post(_ url: String, headers: [String: String], form: String, timeout: TimeInterval) async throws -> HTTPAnswer
 }
 
 /// ``IdentityHTTPClient`` over async-http-client's shared client (its own event loops; never
@@ -40,6 +45,20 @@ public struct AsyncHTTPIdentityClient: IdentityHTTPClient {
         request.method = .GET
         request.headers.add(name: "Accept", value: "application/json")
         if let bearer { request.headers.add(name: "Authorization", value: "Bearer \(bearer)") }
+        return try await execute(request, timeout: timeout)
+    }
+
+    public func post(_ url: String, headers: [String: String], form: String, timeout: TimeInterval) async throws -> HTTPAnswer {
+        var request = HTTPClientRequest(url: url)
+        request.method = .POST
+        request.headers.add(name: "Accept", value: "application/json")
+        request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
+        for (name, value) in headers { request.headers.add(name: name, value: value) }
+        request.body = .bytes(ByteBuffer(string: form))
+        return try await execute(request, timeout: timeout)
+    }
+
+    private func execute(_ request: HTTPClientRequest, timeout: TimeInterval) async throws -> HTTPAnswer {
         let response = try await client.execute(request, timeout: .milliseconds(Int64(timeout * 1000)))
         let body = try await response.body.collect(upTo: Self.maximumBodyBytes)
         var headers: [String: String] = [:]
