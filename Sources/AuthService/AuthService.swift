@@ -1,4 +1,5 @@
 import AuthIdentity
+import Foundation
 import Logging
 import Messaging
 import OnboardingAPI
@@ -46,6 +47,8 @@ public struct AuthService: Service {
         public var identityProviders: IdentityProviderSettings
         /// How long sessions live unused (30 days) and how many an account holds (10).
         public var sessions: SessionPolicy
+        /// The time sessions are stamped and judged with (tests move it).
+        public var clock: @Sendable () -> Date
 
         public init(
             rpc: Endpoint = Defaults.authRPC,
@@ -55,7 +58,8 @@ public struct AuthService: Service {
             serviceToken: String? = nil,
             eventRetention: Outbox.Retention = Outbox.Retention(),
             identityProviders: IdentityProviderSettings = IdentityProviderSettings(),
-            sessions: SessionPolicy = SessionPolicy()
+            sessions: SessionPolicy = SessionPolicy(),
+            clock: @escaping @Sendable () -> Date = { Date() }
         ) {
             self.rpc = rpc
             self.events = events
@@ -65,6 +69,7 @@ public struct AuthService: Service {
             self.eventRetention = eventRetention
             self.identityProviders = identityProviders
             self.sessions = sessions
+            self.clock = clock
         }
     }
 
@@ -121,14 +126,14 @@ public struct AuthService: Service {
         defer { publisher.close() }
         logger.info("auth publishes events at \(configuration.events)")
         let store = AuthStore(database: database, outbox: Outbox(source: ServiceName.auth, publisher: publisher), logger: logger,
-            sessions: configuration.sessions)
+            clock: configuration.clock, sessions: configuration.sessions)
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc,
             dispatcher: Self.dispatcher(
                 store: store, identities: identities, serviceToken: configuration.serviceToken, logger: logger),
             logger: logger)
         try await withEventRetention(configuration.eventRetention, database: database, logger: logger) {
-            try await withCheckpoints(path: configuration.databasePath, logger: logger) {
+            try await withCheckpoints(path: configuration.databasePath, writer: database, logger: logger) {
                 try await server.run()
             }
         }
@@ -138,7 +143,20 @@ public struct AuthService: Service {
         store: AuthStore, identities: any IdentityVerifier, serviceToken: String?, logger: Logger
     ) -> RequestDispatcher {
         var dispatcher = RequestDispatcher(source: ServiceName.auth, sessions: store, serviceToken: serviceToken, logger: logger)
-        dispatcher.on(SignIn.self, access: .open) { request, context in
+        if let immediate = identities as? any ImmediateIdentityVerifier {
+            // The hot path: verified, written and answered on the bus's thread, a batch of
+            // sign-ins per transaction.
+            let outbox = store.outbox
+            dispatcher.onLoop(SignIn.self, access: .open, database: store.database) { request, context, db in
+                let subject = try immediate.verifyNow(request)
+                return try AuthStore.signIn(
+                    provider: request.provider, subject: subject, correlationId: context.message.header.id, outbox: outbox,
+                    sessions: store.sessions, now: store.clock(), in: db)
+            }
+        } else {
+            dispatcher.on(SignIn.self, access: .open) { request, context in
+            // Verified before the store is touched: a sign-in whose keys must be fetched (or
+            // that Naver must answer) waits here, off the bus's thread.
             let subject = try await identities.verify(request)
             let result = try await store.signIn(
                 provider: request.provider, subject: subject, correlationId: context.message.header.id)
@@ -147,6 +165,7 @@ public struct AuthService: Service {
                 "signed in",
                 metadata: ["uid": "\(result.uid)", "provider": "\(result.provider.rawValue)", "new": "\(result.isNewAccount)"])
             return result
+            }
         }
         // Sign-out and withdrawal check the token themselves, in the transaction that ends the
         // session, so that a retry after the session ended is answered as the first one was.
@@ -163,8 +182,26 @@ public struct AuthService: Service {
             logger.notice("withdrawn", metadata: ["uid": "\(uid)"])
             return AccountResult(uid: uid)
         }
-        dispatcher.on(VerifySession.self, access: .open) { request, _ in
-            AccountResult(uid: try await store.uid(forSessionToken: request.sessionToken))
+        // Every other service asks this for each app request: answered on the bus's thread.
+        // A session whose use must be recorded (at most hourly) or that just expired needs a
+        // write: that rare case is answered later, from the async path.
+        dispatcher.onLoop(VerifySession.self, access: .open, database: store.database, writes: false) {
+            request, _, db, reply -> AccountResult? in
+            switch try AuthStore.lookUp(token: request.sessionToken, policy: store.sessions, now: store.clock(), in: db) {
+            case .live(let uid, renew: false):
+                return AccountResult(uid: uid)
+            case .ended(let ending):
+                throw AuthStore.refusal(ending)
+            case .live(_, renew: true), .expired:
+                Task {
+                    do {
+                        reply.send(.success(AccountResult(uid: try await store.uid(forSessionToken: request.sessionToken))))
+                    } catch {
+                        reply.send(.failure(error as? ServiceError ?? ServiceError(.storeUnavailable, "\(error)")))
+                    }
+                }
+                return nil
+            }
         }
         dispatcher.onEventsAfter(database: store.database)
         return dispatcher

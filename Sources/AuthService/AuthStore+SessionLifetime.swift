@@ -25,28 +25,28 @@ extension AuthStore {
     }
 
     /// In a sign-in's transaction, after its session of `uid` was added: ends `uid`'s sessions
-    /// beyond the cap (least recently used first) and its expired ones, and prunes up to
-    /// ``pruneBatch`` expired sessions of other accounts, telling about each account with
-    /// `SignedOut` (its sessions left).
+    /// beyond the cap (least recently used first) and its expired ones (nothing to do for a new
+    /// account), and prunes up to ``pruneBatch`` expired sessions of other accounts, telling about
+    /// each such account with `SignedOut` (its sessions left). Two indexed look-ups when there is
+    /// nothing to end.
     static func applySessionPolicy(
-        _ policy: SessionPolicy, uid: String, now: Date, outbox: Outbox, correlationId: String, in db: Database
+        _ policy: SessionPolicy, uid: String, isNewAccount: Bool, now: Date, outbox: Outbox, correlationId: String,
+        in db: Database
     ) throws {
         let cutoff = Timestamp.format(policy.expiryCutoff(now: now))
-        let sessions = try Row.fetchAll(
-            db, sql: "SELECT token, lastUsedAt FROM session WHERE uid = ? ORDER BY lastUsedAt DESC, rowid DESC", arguments: [uid])
-        for row in policy.evicted(sessions) {
-            let token: String = row["token"]
-            try db.execute(sql: "DELETE FROM session WHERE token = ?", arguments: [token])
-            try recordEnding(row["lastUsedAt"] < cutoff ? .expired : .evicted, digest: token, uid: uid, at: now, in: db)
-        }
-        for token in try String.fetchAll(
-            db, sql: "SELECT token FROM session WHERE uid = ? AND lastUsedAt < ?", arguments: [uid, cutoff])
-        {
-            try db.execute(sql: "DELETE FROM session WHERE token = ?", arguments: [token])
-            try recordEnding(.expired, digest: token, uid: uid, at: now, in: db)
+        if !isNewAccount {
+            let sessions = try Row.fetchAll(
+                db.cachedStatement(sql: "SELECT token, lastUsedAt FROM session WHERE uid = ? ORDER BY lastUsedAt DESC, rowid DESC"),
+                arguments: [uid])
+            let expired = sessions.filter { ($0["lastUsedAt"] as String) < cutoff }.map { $0["token"] as String }
+            let evicted = policy.evicted(sessions).map { $0["token"] as String }
+            for token in Set(expired + evicted) {
+                try db.execute(sql: "DELETE FROM session WHERE token = ?", arguments: [token])
+                try recordEnding(expired.contains(token) ? .expired : .evicted, digest: token, uid: uid, at: now, in: db)
+            }
         }
         let stale = try Row.fetchAll(
-            db, sql: "SELECT token, uid FROM session WHERE lastUsedAt < ? AND uid != ? LIMIT ?",
+            db.cachedStatement(sql: "SELECT token, uid FROM session WHERE lastUsedAt < ? AND uid != ? LIMIT ?"),
             arguments: [cutoff, uid, pruneBatch])
         var accounts: Set<String> = []
         for row in stale {
@@ -62,6 +62,39 @@ extension AuthStore {
         }
     }
 
+    /// What a session token is, as of `now`: a read, for the bus's thread.
+    enum SessionLookup: Sendable, Hashable {
+        /// Live; `renew`: its last use should be recorded (a write) to slide its expiry.
+        case live(uid: String, renew: Bool)
+        /// Past its lifetime, not yet ended in the store.
+        case expired(uid: String)
+        /// Not a session (any more): how it ended, when that is known.
+        case ended(SessionEnding?)
+    }
+
+    static func lookUp(token: String, policy: SessionPolicy, now: Date, in db: Database) throws -> SessionLookup {
+        let digest = SessionToken.digest(token)
+        guard !token.isEmpty,
+            let row = try Row.fetchOne(
+                db.cachedStatement(sql: "SELECT uid, lastUsedAt FROM session WHERE token = ?"), arguments: [digest])
+        else {
+            return .ended(token.isEmpty ? nil : try ended(digest: digest, asOf: now, in: db)?.ending)
+        }
+        let uid: String = row["uid"]
+        let lastUsed = Timestamp.parse(row["lastUsedAt"]) ?? .distantPast
+        if policy.isExpired(lastUsed: lastUsed, now: now) { return .expired(uid: uid) }
+        return .live(uid: uid, renew: policy.needsRenewal(lastUsed: lastUsed, now: now))
+    }
+
+    /// The error for a token that is not a live session.
+    static func refusal(_ ending: SessionEnding?) -> ServiceError {
+        switch ending {
+        case .expired?: sessionExpired
+        case .evicted?: sessionEvicted
+        default: unauthenticatedSession
+        }
+    }
+
     /// The uid of `token`'s live session, sliding its expiry when its last recorded use is old
     /// enough; an expired session is ended (with `SignedOut` for its account) and refused.
     ///
@@ -70,18 +103,8 @@ extension AuthStore {
     func liveSessionUID(token: String) async throws -> String {
         let (policy, now, outbox) = (sessions, clock(), self.outbox)
         let digest = SessionToken.digest(token)
-        enum Found { case live(String, renew: Bool), expired(String), ended(SessionEnding?) }
-        let found: Found = try await withStore(database, write: false, logger: logger) { db in
-            guard !token.isEmpty,
-                let row = try Row.fetchOne(
-                    db.cachedStatement(sql: "SELECT uid, lastUsedAt FROM session WHERE token = ?"), arguments: [digest])
-            else {
-                return .ended(try Self.ended(digest: digest, asOf: now, in: db)?.ending)
-            }
-            let uid: String = row["uid"]
-            let lastUsed = Timestamp.parse(row["lastUsedAt"]) ?? .distantPast
-            if policy.isExpired(lastUsed: lastUsed, now: now) { return .expired(uid) }
-            return .live(uid, renew: policy.needsRenewal(lastUsed: lastUsed, now: now))
+        let found = try await withStore(database, write: false, logger: logger) { db in
+            try Self.lookUp(token: token, policy: policy, now: now, in: db)
         }
         switch found {
         case .live(let uid, renew: false):
@@ -102,12 +125,8 @@ extension AuthStore {
                     correlationId: UUID().uuidString.lowercased(), in: db)
             }
             throw Self.sessionExpired
-        case .ended(.expired?):
-            throw Self.sessionExpired
-        case .ended(.evicted?):
-            throw Self.sessionEvicted
-        case .ended:
-            throw Self.unauthenticatedSession
+        case .ended(let ending):
+            throw Self.refusal(ending)
         }
     }
 

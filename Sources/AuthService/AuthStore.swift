@@ -94,35 +94,55 @@ struct AuthStore: SessionVerifier {
     /// Race-safe across tasks and processes: the insert yields to the UNIQUE(provider, subject)
     /// constraint, so simultaneous first sign-ins of one account all read back the same uid.
     func signIn(provider: Provider, subject: String, correlationId: String) async throws -> SignInResult {
-        let candidateUID = UUID().uuidString.lowercased()
-        let token = SessionToken.make()
         let (outbox, policy, clock) = (self.outbox, sessions, clock)
         return try await withStore(database, logger: logger) { db in
-            let date = clock()
-            let now = Timestamp.format(date)
-            try db.execute(
-                sql: """
-                    INSERT INTO account (uid, provider, subject, createdAt) VALUES (?, ?, ?, ?)
-                    ON CONFLICT (provider, subject) DO NOTHING
-                    """,
-                arguments: [candidateUID, provider.rawValue, subject, now])
-            let isNewAccount = db.changesCount > 0
+            try Self.signIn(
+                provider: provider, subject: subject, correlationId: correlationId, outbox: outbox, sessions: policy,
+                now: clock(), in: db)
+        }
+    }
+
+    /// ``signIn(provider:subject:correlationId:)`` inside the caller's write transaction: auth's
+    /// hot path, many sign-ins to one transaction. `sessions` and `now` decide which of the
+    /// account's sessions end with it (``applySessionPolicy(_:uid:isNewAccount:now:outbox:correlationId:in:)``).
+    static func signIn(
+        provider: Provider, subject: String, correlationId: String, outbox: Outbox, sessions policy: SessionPolicy,
+        now date: Date, in db: Database
+    ) throws -> SignInResult {
+        let candidateUID = UUID().uuidString.lowercased()
+        let token = SessionToken.make()
+        let now = Timestamp.format(date)
+        try db.executeCached(
+            """
+            INSERT INTO account (uid, provider, subject, createdAt) VALUES (?, ?, ?, ?)
+            ON CONFLICT (provider, subject) DO NOTHING
+            """,
+            [candidateUID, provider.rawValue, subject, now])
+        let isNewAccount = db.changesCount > 0
+        let uid: String
+        if isNewAccount {
+            uid = candidateUID
+        } else {
             guard
-                let uid = try String.fetchOne(
-                    db, sql: "SELECT uid FROM account WHERE provider = ? AND subject = ?",
+                let existing = try String.fetchOne(
+                    db.cachedStatement(sql: "SELECT uid FROM account WHERE provider = ? AND subject = ?"),
                     arguments: [provider.rawValue, subject])
             else {
                 throw ServiceError(.internalError, "The account vanished while signing in; try again.")
             }
-            try db.execute(
-                sql: "INSERT INTO session (token, uid, createdAt, lastUsedAt) VALUES (?, ?, ?, ?)",
-                arguments: [SessionToken.digest(token), uid, now, now])
-            try Self.applySessionPolicy(policy, uid: uid, now: date, outbox: outbox, correlationId: correlationId, in: db)
-            try outbox.append(
-                SignedIn(uid: uid, provider: provider, isNewAccount: isNewAccount, sessions: try Self.liveSessions(of: uid, in: db)),
-                uid: uid, correlationId: correlationId, in: db)
-            return SignInResult(uid: uid, sessionToken: token, provider: provider, isNewAccount: isNewAccount)
+            uid = existing
         }
+        try db.executeCached(
+            "INSERT INTO session (token, uid, createdAt, lastUsedAt) VALUES (?, ?, ?, ?)",
+            [SessionToken.digest(token), uid, now, now])
+        try applySessionPolicy(
+            policy, uid: uid, isNewAccount: isNewAccount, now: date, outbox: outbox, correlationId: correlationId, in: db)
+        // A new account has this one session; no need to count.
+        let sessions = isNewAccount ? 1 : try liveSessions(of: uid, in: db)
+        try outbox.append(
+            SignedIn(uid: uid, provider: provider, isNewAccount: isNewAccount, sessions: sessions),
+            uid: uid, correlationId: correlationId, in: db)
+        return SignInResult(uid: uid, sessionToken: token, provider: provider, isNewAccount: isNewAccount)
     }
 
     /// Ends the session of `token` and records `SignedOut`; a retry answers the same without

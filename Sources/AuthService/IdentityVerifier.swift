@@ -36,44 +36,52 @@ extension IdentityVerifier {
     }
 }
 
+/// A verifier that never waits (no network, no other service): auth then signs people in on its
+/// hot path, on the bus's own thread, many sign-ins to a transaction.
+public protocol ImmediateIdentityVerifier: IdentityVerifier {
+    /// Checks a sign-in at once; the same answers and errors as ``IdentityVerifier/verify(_:)``.
+    func verifyNow(_ request: SignIn) throws -> String
+}
+
+extension ImmediateIdentityVerifier {
+    public func verify(_ request: SignIn) async throws -> String {
+        try verifyNow(request)
+    }
+
+    public func verifyCached(_ request: SignIn) -> Result<String, ServiceError>? {
+        Result { try verifyNow(request) }.mapError { $0 as? ServiceError ?? ServiceError(.internalError, "\($0)") }
+    }
+}
+
 /// Local development only: trusts the subject as sent, with or without an ID token.
 ///
 /// The subject is trimmed of surrounding white space and must then be 1 to
 /// ``maximumSubjectLength`` characters long. Never use this in production: anyone can sign in
 /// as anyone.
-public struct DevModeIdentityVerifier: IdentityVerifier {
+public struct DevModeIdentityVerifier: ImmediateIdentityVerifier {
     public static let maximumSubjectLength = 256
 
     public init() {}
 
     /// - Returns: the trimmed subject.
     /// - Throws: ``ServiceError`` `invalidRequest` when the subject is empty or too long.
-    public func verify(_ request: SignIn) async throws -> String {
-        try check(request).get()
-    }
-
-    /// Always answers at once.
-    public func verifyCached(_ request: SignIn) -> Result<String, ServiceError>? {
-        check(request)
-    }
-
-    private func check(_ request: SignIn) -> Result<String, ServiceError> {
+    public func verifyNow(_ request: SignIn) throws -> String {
         let trimmed = request.subject.trimmingCharacters(in: .whitespacesAndNewlines)
         guard !trimmed.isEmpty else {
-            return .failure(ServiceError(.invalidRequest, "Field 'subject' is empty; send the provider account's id."))
+            throw ServiceError(.invalidRequest, "Field 'subject' is empty; send the provider account's id.")
         }
         guard trimmed.count <= Self.maximumSubjectLength else {
-            return .failure(
-                ServiceError(
-                    .invalidRequest,
-                    "Field 'subject' has \(trimmed.count) characters; at most \(Self.maximumSubjectLength) are accepted."))
+            throw ServiceError(
+                .invalidRequest,
+                "Field 'subject' has \(trimmed.count) characters; at most \(Self.maximumSubjectLength) are accepted.")
         }
-        return .success(trimmed)
+        return trimmed
     }
 }
 
 /// The real providers, as auth's ``IdentityVerifier``: the request's `idToken`, `accessToken`
 /// and `nonce` are the proof; its `subject` is not trusted (the verified one is returned).
+/// Not immediate: a key set may have to be fetched, and Naver is always asked.
 extension ProviderIdentityVerifier: IdentityVerifier {
     public func verify(_ request: SignIn) async throws -> String {
         try await verify(Self.proof(request))

@@ -15,10 +15,30 @@ enum SessionToken {
         for _ in 0..<(byteCount / 8) {
             withUnsafeBytes(of: generator.next() as UInt64) { bytes.append(contentsOf: $0) }
         }
-        return Data(bytes).base64EncodedString()
-            .replacingOccurrences(of: "+", with: "-")
-            .replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "=", with: "")
+        return base64URL(bytes)
+    }
+
+    /// `bytes` in base64url (RFC 4648 §5) without padding.
+    static func base64URL(_ bytes: [UInt8]) -> String {
+        let alphabet: StaticString = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+        let table = alphabet.utf8Start
+        let count = (bytes.count * 8 + 5) / 6
+        return String(unsafeUninitializedCapacity: count) { output in
+            var written = 0
+            var index = 0
+            while index < bytes.count {
+                let chunk = min(3, bytes.count - index)
+                var group = UInt32(bytes[index]) << 16
+                if chunk > 1 { group |= UInt32(bytes[index + 1]) << 8 }
+                if chunk > 2 { group |= UInt32(bytes[index + 2]) }
+                for digit in 0...chunk {
+                    output[written] = table[Int((group >> (18 - 6 * UInt32(digit))) & 0x3F)]
+                    written += 1
+                }
+                index += 3
+            }
+            return written
+        }
     }
 
     /// What the store keeps of `token`: its SHA-256, in lowercase hex.

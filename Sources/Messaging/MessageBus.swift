@@ -48,6 +48,38 @@ public protocol MessageBus: Sendable {
 
     /// What the bus has counted so far.
     var statistics: BusStatistics { get }
+
+    /// Binds a request server at `endpoint` whose requests `handler` answers on the bus's own
+    /// thread, in batches: every request read from the endpoint in one pass, in arrival order.
+    ///
+    /// This is the hot path of a service (see `BusLoop.swift`): the handler reads each request
+    /// once, may commit the whole batch in one transaction, and answers; replies and events sent
+    /// during the call leave when it returns, in order. It must not wait for other services.
+    /// A request the bus cannot take (frames over the limits) is answered by the bus, as with
+    /// ``serve(at:limits:)``. The bus sets no bound on requests the handler leaves unanswered
+    /// (handed to other work): the handler bounds them, answering `overloaded` beyond its limit.
+    ///
+    /// - Throws: ``ServiceError`` with `addressInUse` or `invalidEndpoint`.
+    func serve(
+        at endpoint: Endpoint, limits: MessageLimits, onLoop handler: @escaping @Sendable ([RawRequest]) -> Void
+    ) async throws -> any BusLoopRegistration
+
+    /// Sends `message` to the server at `endpoint` and hands its reply (error replies included),
+    /// or the failure (`timeout`, `noResponder`, `messageTooLarge`, `closed`, `invalidMessage`),
+    /// to `callback` on the bus's own thread, once. Never blocks; called from a loop handler, the
+    /// request leaves when the handler returns. The callback must not wait for other services.
+    func request(
+        _ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration,
+        onLoop callback: @escaping @Sendable (Result<Message, ServiceError>) -> Void)
+
+    /// Connects to the publishers at `endpoints` and hands the events whose topic starts with one
+    /// of `topics` to `handler` on the bus's own thread, in batches, in arrival order. Delivery
+    /// is as with ``subscribe(to:topics:limits:)``: only what is published after the subscription
+    /// has joined. The handler must not wait for other services.
+    func subscribe(
+        to endpoints: [Endpoint], topics: [String], limits: MessageLimits,
+        onLoop handler: @escaping @Sendable ([RawEvent]) -> Void
+    ) async throws -> any BusLoopRegistration
 }
 
 /// Sends events from one bound endpoint.

@@ -31,7 +31,8 @@ final class Engine: Sendable {
     /// machine again from the store.
     private let stale = Atomic<Bool>(false)
     private let queue = DecisionQueue()
-    private let waiters = Mutex<[OnboardingStateMachine.WaiterID: CheckedContinuation<Result<OnboardingStatus, ServiceError>, Never>]>([:])
+    /// Who is told the outcome of each "check me now" under way.
+    private let waiters = Mutex<[OnboardingStateMachine.WaiterID: @Sendable (Result<OnboardingStatus, ServiceError>) -> Void]>([:])
     private let nextWaiter = Atomic<UInt64>(0)
     /// People whose set-up is running in this process (a set-up, or settling one).
     private let settingUp = Mutex<Set<String>>([])
@@ -62,8 +63,32 @@ final class Engine: Sendable {
         }
     }
 
+    /// Reads the events the engine handles in one pass, payload included.
+    static let eventReader: EnvelopeReader = {
+        var reader = EnvelopeReader()
+        reader.register(SignedIn.self, for: SignedIn.type)
+        reader.register(SignedOut.self, for: SignedOut.type)
+        reader.register(Withdrawn.self, for: Withdrawn.type)
+        reader.register(ProfileCreated.self, for: ProfileCreated.type)
+        reader.register(ProfileUpdated.self, for: ProfileUpdated.type)
+        reader.register(ProfileDeleted.self, for: ProfileDeleted.type)
+        return reader
+    }()
+
     /// An ``EventFeed`` handler: the events' inputs and the feed's new cursor commit together.
     func handle(_ events: [Message], from publisher: String, through sequence: UInt64) async throws {
+        // Committed right here rather than through the queue: one hand-off less. GRDB runs one
+        // write at a time, so this batch and the queue's are still applied in turn.
+        try await commit([DecisionQueue.Submission(inputs: inputs(from: events), cursor: (publisher, sequence))])
+    }
+
+    /// The hot path's ``EventFeed`` handler, on the bus's own thread: live events that follow
+    /// the cursor commit with it at once, and their intents are published after the commit.
+    func handleOnLoop(_ events: [Message], from publisher: String, through sequence: UInt64) throws {
+        try commitNow([DecisionQueue.Submission(inputs: inputs(from: events), cursor: (publisher, sequence))])
+    }
+
+    private func inputs(from events: [Message]) -> [OnboardingStateMachine.Input] {
         var inputs: [OnboardingStateMachine.Input] = []
         inputs.reserveCapacity(events.count)
         for event in events {
@@ -92,10 +117,7 @@ final class Engine: Sendable {
                 logger.warning("ignored an unreadable \(event.header.type) event from \(event.header.source): \(error)")
             }
         }
-        // Committed right here rather than through the queue: one hand-off less on the path from
-        // sign-in to intent. GRDB runs one write at a time, so this batch and the queue's are
-        // still applied in turn; under load a feed's batch holds every event already queued.
-        try await commit([DecisionQueue.Submission(inputs: inputs, cursor: (publisher, sequence))])
+        return inputs
     }
 
     // MARK: The decision loop
@@ -122,23 +144,44 @@ final class Engine: Sendable {
             let actions = try await database.write { [self] db in
                 try machine.withLock { machine in try apply(batch, to: &machine, in: db) }
             }
-            for submission in batch { submission.committed?.resume() }
-            for action in actions { perform(action) }
+            committed(batch, actions)
         } catch {
-            if !(error is CancellationError) {
-                logger.error("could not store \(batch.count) decision(s): \(error); starting again from the store")
-            }
-            let failure = ServiceError(.storeUnavailable, "The orchestrator could not store a decision; try again.")
-            for submission in batch { submission.committed?.resume(throwing: failure) }
-            // The machine starts again from the store (see `apply`): what it was working on for
-            // waiting callers is gone, so they are told to ask again. Feeds resend their events.
-            let waiting = waiters.withLock { waiters in
-                defer { waiters = [:] }
-                return Array(waiters.values)
-            }
-            for continuation in waiting { continuation.resume(returning: .failure(failure)) }
-            throw error
+            try failed(batch, error)
         }
+    }
+
+    /// ``commit(_:)`` on the calling thread (the bus's, for the hot path).
+    private func commitNow(_ batch: [DecisionQueue.Submission]) throws {
+        do {
+            let actions = try database.write { [self] db in
+                try machine.withLock { machine in try apply(batch, to: &machine, in: db) }
+            }
+            committed(batch, actions)
+        } catch {
+            try failed(batch, error)
+        }
+    }
+
+    private func committed(_ batch: [DecisionQueue.Submission], _ actions: [OnboardingStateMachine.Action]) {
+        for submission in batch { submission.committed?.resume() }
+        for action in actions { perform(action) }
+    }
+
+    /// Tells everyone waiting on `batch` (and on the machine's work) that it failed; rethrows.
+    private func failed(_ batch: [DecisionQueue.Submission], _ error: any Error) throws -> Never {
+        if !(error is CancellationError) {
+            logger.error("could not store \(batch.count) decision(s): \(error); starting again from the store")
+        }
+        let failure = ServiceError(.storeUnavailable, "The orchestrator could not store a decision; try again.")
+        for submission in batch { submission.committed?.resume(throwing: failure) }
+        // The machine starts again from the store (see `apply`): what it was working on for
+        // waiting callers is gone, so they are told to ask again. Feeds resend their events.
+        let waiting = waiters.withLock { waiters in
+            defer { waiters = [:] }
+            return Array(waiters.values)
+        }
+        for answer in waiting { answer(.failure(failure)) }
+        throw error
     }
 
     private func apply(
@@ -203,13 +246,21 @@ final class Engine: Sendable {
     private func perform(_ action: OnboardingStateMachine.Action) {
         switch action {
         case .checkProfile(let uid, let check):
-            enqueue { engine in
-                do {
-                    let result = try await engine.call(GetProfile(), to: engine.configuration.profileRPC, uid: uid)
-                    engine.send(.profileChecked(uid: uid, check: check, exists: result.profile != nil, asOf: result.asOfSequence))
-                } catch {
-                    engine.send(.profileCheckFailed(uid: uid, check: check, error: Self.serviceError(error)))
-                }
+            // The hot path of a returning person: asked from the bus's thread, and the answer
+            // decided and committed there when it comes.
+            bus.call(
+                GetProfile(), to: configuration.profileRPC, source: source, uid: uid,
+                serviceToken: configuration.serviceToken, timeout: configuration.callTimeout
+            ) { [self] result in
+                let input: OnboardingStateMachine.Input =
+                    switch result {
+                    case .success(let found):
+                        .profileChecked(uid: uid, check: check, exists: found.profile != nil, asOf: found.asOfSequence)
+                    case .failure(let error):
+                        .profileCheckFailed(uid: uid, check: check, error: error)
+                    }
+                // A failure is logged and the machine starts again from the store, checks included.
+                try? commitNow([DecisionQueue.Submission(inputs: [input])])
             }
         case .retryCheck(let uid, let check, let delay, let attempt, let error):
             logger.warning("profile check for \(uid) failed (\(error)); retry \(attempt) in \(delay)")
@@ -280,8 +331,8 @@ final class Engine: Sendable {
     }
 
     private func resume(_ waiter: OnboardingStateMachine.WaiterID, with result: Result<OnboardingStatus, ServiceError>) {
-        let continuation = waiters.withLock { $0.removeValue(forKey: waiter) }
-        continuation?.resume(returning: result)
+        let answer = waiters.withLock { $0.removeValue(forKey: waiter) }
+        answer?(result)
     }
 
     static func serviceError(_ error: any Error) -> ServiceError {
@@ -295,6 +346,20 @@ final class Engine: Sendable {
             source: source, sessions: sessions, serviceToken: configuration.serviceToken, logger: logger)
         dispatcher.on(CheckOnboarding.self, access: .session) { [self] _, context in
             try await check(uid: try context.requireUID())
+        }
+        // "Check me now" on the bus's thread: the session is verified from there, the request
+        // commits with its batch, and the answer goes out when the check's outcome commits.
+        dispatcher.onLoop(CheckOnboarding.self, access: .session, database: database) { [self] _, context, db, reply in
+            let uid = try context.requireUID()
+            let waiter = nextWaiter.wrappingAdd(1, ordering: .relaxed).newValue
+            let actions = try machine.withLock { machine in
+                try apply([DecisionQueue.Submission(inputs: [.checkRequested(uid: uid, waiter: waiter)])], to: &machine, in: db)
+            }
+            db.afterNextTransaction { _ in
+                self.waiters.withLock { $0[waiter] = { reply.send($0) } }
+                for action in actions { self.perform(action) }
+            }
+            return nil
         }
         dispatcher.on(SetUpProfile.self, access: .session, attachment: .optional) { [self] request, context in
             try await setUp(request, uid: try context.requireUID(), image: context.attachment, correlationId: context.message.header.id)
@@ -319,7 +384,7 @@ final class Engine: Sendable {
         let waiter = nextWaiter.wrappingAdd(1, ordering: .relaxed).newValue
         let result = await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
-                waiters.withLock { $0[waiter] = continuation }
+                waiters.withLock { $0[waiter] = { continuation.resume(returning: $0) } }
                 // Cancelled before the continuation was stored: onCancel found nothing to resume.
                 if Task.isCancelled {
                     resume(waiter, with: .failure(Self.stopping))

@@ -90,7 +90,7 @@ public struct OnboardingOrchestrator: Service {
     }
 
     public func run() async throws {
-        try await withCheckpoints(path: configuration.databasePath, logger: logger) {
+        try await withCheckpoints(path: configuration.databasePath, writer: database, logger: logger) {
             try await withEventRetention(configuration.retention, database: database, logger: logger) {
                 try await serve()
             }
@@ -137,7 +137,10 @@ public struct OnboardingOrchestrator: Service {
             try await engine.resumeUnfinishedWork()
             for (name, feed) in feeds {
                 group.addTask {
-                    await feed.run(after: cursors[name] ?? 0) { events, through in
+                    await feed.run(
+                        after: cursors[name] ?? 0, reader: Engine.eventReader,
+                        onLoop: { events, through in try engine.handleOnLoop(events, from: name, through: through) }
+                    ) { events, through in
                         try await engine.handle(events, from: name, through: through)
                     }
                 }

@@ -154,3 +154,31 @@ final class ManualTime: Sendable {
     var now: Date { value.withLock { $0 } }
     func advance(_ seconds: TimeInterval) { value.withLock { $0 = $0.addingTimeInterval(seconds) } }
 }
+
+extension AuthSessionLifetimeTests {
+    @Test("through auth.verifySession: a use slides the session, expiry is refused with its reason")
+    func overTheBus() async throws {
+        let bus = InProcessBus()
+        let time = ManualTime()
+        let configuration = AuthService.Configuration(
+            rpc: Defaults.authRPC, events: Defaults.authEvents, devMode: true,
+            sessions: SessionPolicy(lifetime: 24 * 3600), clock: { time.now })
+        let service = try AuthService(configuration: configuration, bus: bus, logger: quietLogger)
+        try await withRunningService(service, on: bus, answeringAt: Defaults.authRPC) {
+            let session: SignInResult = try await bus.call(SignIn(provider: .kakao, subject: "hal"), to: Defaults.authRPC, source: "test")
+            func verify() async throws -> String {
+                try await bus.call(VerifySession(sessionToken: session.sessionToken), to: Defaults.authRPC, source: "test").uid
+            }
+            #expect(try await verify() == session.uid, "fresh: answered on the bus's thread")
+            time.advance(20 * 3600)
+            #expect(try await verify() == session.uid, "its use is recorded (a write, answered later)")
+            time.advance(20 * 3600)
+            #expect(try await verify() == session.uid, "40 h after sign-in, 20 h after its last recorded use")
+            time.advance(25 * 3600)
+            await expectRefused("sessionExpired") { try await verify() }
+            await expectRefused("sessionExpired") { try await verify() }
+            let signedOut = try await bus.call(SignOut(), to: Defaults.authRPC, source: "test", sessionToken: session.sessionToken)
+            #expect(signedOut.uid == session.uid, "signing out of an expired session: it is over, as asked")
+        }
+    }
+}

@@ -8,8 +8,8 @@ import ZeroMQMessaging
 
 @Suite("Event feed over ZeroMQ", .timeLimit(.minutes(1)))
 struct FeedZeroMQTests {
-    @Test("a feed started amid sign-ins gets every auth event once, in order, despite the slow joiner")
-    func followsAuthOverZeroMQ() async throws {
+    @Test("a feed started amid sign-ins gets every auth event once, in order, despite the slow joiner", arguments: FeedMode.allCases)
+    func followsAuthOverZeroMQ(mode: FeedMode) async throws {
         // Below the ephemeral range; the messaging tests take 20000-24999, the system tests 26000 up.
         let port = Int.random(in: 25_000..<25_900)
         let configuration = AuthService.Configuration(
@@ -29,7 +29,7 @@ struct FeedZeroMQTests {
         do {
             try await withRunningService(auth, on: clientBus, answeringAt: configuration.rpc) {
                 for index in 1...3 { try await signIn("before-\(index)") }
-                try await withFeed(feed, recorder: recorder) {
+                try await withFeed(feed, recorder: recorder, mode: mode) {
                     for index in 1...20 { try await signIn("after-\(index)") }
                     try await recorder.waitUntilHandled(through: 23)
                 }
