@@ -40,6 +40,8 @@ enum Terminal {
             "The service did not answer in time. Look at its log lines in the compose terminal."
         case .unauthenticated where error.reason == "providerNotConfigured":
             "Sign in with a provider this auth service verifies (its log lists them at start), or give auth the setting named above."
+        case .unauthenticated where error.reason == "sessionExpired" || error.reason == "sessionEvicted":
+            "The session ended by itself; sign in again (onboarding-client sign-in)."
         case .unauthenticated where error.reason != nil:
             "The sign-in proof was refused: get a new token from the provider (locally: onboarding-fake-provider token) and sign in again."
         case .unauthenticated:
