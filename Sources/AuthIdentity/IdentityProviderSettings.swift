@@ -76,7 +76,9 @@ public struct IdentityProviderSettings: Sendable, Hashable {
     /// A token naming a key the cached set lacks makes auth fetch the set again, at most once
     /// per this interval per provider (60 s).
     public var unknownKeyRefetchInterval: TimeInterval
-    /// How long one request to a provider may take (5 s).
+    /// How long one request to a provider may take (2 s): well within a client's 3 s, so a
+    /// provider that does not answer is `dependencyUnavailable` before the client gives up.
+    /// (async-http-client keeps retrying a refused connection until this deadline.)
     public var requestTimeout: TimeInterval
 
     public init(
@@ -89,7 +91,7 @@ public struct IdentityProviderSettings: Sendable, Hashable {
         keyCacheLifetime: ClosedRange<TimeInterval> = 300...86_400,
         defaultKeyCacheLifetime: TimeInterval = 3_600,
         unknownKeyRefetchInterval: TimeInterval = 60,
-        requestTimeout: TimeInterval = 5
+        requestTimeout: TimeInterval = 2
     ) {
         self.google = google
         self.apple = apple

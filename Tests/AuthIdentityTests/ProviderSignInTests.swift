@@ -258,6 +258,24 @@ struct ProviderSignInTests {
         }
     }
 
+    @Test("a provider nobody answers for is dependencyUnavailable within the request timeout, for keys and for Naver")
+    func nobodyListening() async throws {
+        var settings = Self.settings(base: "http://127.0.0.1:1")
+        settings.requestTimeout = 0.5
+        let verifier = ProviderIdentityVerifier(settings: settings, logger: Self.quietLogger)
+        let fake = try await FakeIdentityProvider.make()
+        let clock = ContinuousClock()
+        let started = clock.now
+        for proof in [
+            SignInProof(provider: .google, idToken: try fake.mintIDToken(.google, subject: "x")),
+            SignInProof(provider: .naver, accessToken: fake.naverAccessToken(for: "x")),
+        ] {
+            let error = await #expect(throws: ServiceError.self) { try await verifier.verify(proof) }
+            #expect(error?.code == .dependencyUnavailable && error?.reason == proof.provider.rawValue)
+        }
+        #expect(started.duration(to: clock.now) < .seconds(2.5), "answered within the timeouts, before a client's 3 s")
+    }
+
     @Test("the cache keeps the key set for its max-age, then fetches it again")
     func maxAge() async throws {
         let clock = TestClock()
