@@ -83,6 +83,10 @@ public struct IDTokenChecker: Sendable {
         guard let headerData = Base64URL.decode(parts[0]),
             let header = try? JSONDecoder().decode(Header.self, from: Data(headerData))
         else { return .failure(problem(.malformedToken, "the ID token's header is not base64url JSON")) }
+        // RFC 7515 4.1.11: a critical extension we do not understand makes the token invalid.
+        guard header.crit?.isEmpty ?? true else {
+            return .failure(problem(.malformedToken, "the ID token's header has critical extensions \(header.crit ?? [])"))
+        }
         guard let kid = header.kid, !kid.isEmpty else {
             return .failure(problem(.unknownKey, "the ID token's header names no key (kid)"))
         }
@@ -166,6 +170,7 @@ public struct IDTokenChecker: Sendable {
     private struct Header: Decodable {
         var alg: String?
         var kid: String?
+        var crit: [String]?
     }
 
     private struct Claims: Decodable {

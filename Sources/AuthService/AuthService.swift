@@ -12,9 +12,8 @@ import ServiceRuntime
 /// Requests (at ``Configuration/rpc``):
 /// - `auth.signIn` (open): verifies the identity, finds or creates the account, opens a session.
 /// - `auth.signOut` (session): ends the envelope's session (with `everywhere`, every session of
-///   its account). Safe to retry: a sign-out of a
-///   session that already ended (signed out or withdrawn, within the last 24 hours) answers the
-///   same uid and publishes nothing.
+///   its account). Safe to retry: a sign-out of a session that already ended (signed out,
+///   withdrawn or expired, within the last 24 hours) answers the same uid and publishes nothing.
 /// - `auth.withdraw` (session): deletes the account and all its sessions. Safe to retry: a
 ///   withdrawal of a session that was withdrawn answers the same uid and publishes nothing; one
 ///   of a session that was only signed out is `unauthenticated`.

@@ -146,6 +146,14 @@ struct IDTokenCheckerTests {
         #expect(IDTokenChecker.sha256Hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
     }
 
+    @Test("a header with critical extensions is refused")
+    func criticalHeader() async throws {
+        let f = try await Self.fixtures.value
+        let input = try FakeJWT.signingInput(header: ["alg": "RS256", "kid": "k1", "crit": ["exp"], "exp": 1], payload: claims())
+        let token = input + "." + FakeJWT.base64URL(try FakeJWT.rawSignature(Array(input.utf8), with: f.key))
+        #expect(refusal(token, keys: f.keys) == .malformedToken)
+    }
+
     @Test("what is not a JWT is malformedToken", arguments: ["", "abc", "a.b", "a.b.c.d", "!!.??.**", "e30.e30.e30"])
     func malformed(_ token: String) async throws {
         let f = try await Self.fixtures.value
