@@ -109,7 +109,9 @@ struct AuthStore: SessionVerifier {
         provider: Provider, subject: String, correlationId: String, outbox: Outbox, sessions policy: SessionPolicy,
         now date: Date, in db: Database
     ) throws -> SignInResult {
-        let candidateUID = UUID().uuidString.lowercased()
+        // Time-ordered: new accounts (and the orchestrator's people) go to the end of their
+        // tables' indexes.
+        let candidateUID = Identifier.timeOrdered()
         let token = SessionToken.make()
         let now = Timestamp.format(date)
         try db.executeCached(

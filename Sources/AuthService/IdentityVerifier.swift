@@ -66,7 +66,14 @@ public struct DevModeIdentityVerifier: ImmediateIdentityVerifier {
     /// - Returns: the trimmed subject.
     /// - Throws: ``ServiceError`` `invalidRequest` when the subject is empty or too long.
     public func verifyNow(_ request: SignIn) throws -> String {
-        let trimmed = request.subject.trimmingCharacters(in: .whitespacesAndNewlines)
+        let subject = request.subject
+        // The usual subject (printable ASCII at both ends, short) needs no Unicode work.
+        if let first = subject.utf8.first, let last = subject.utf8.last, Self.isPrintableASCII(first),
+            Self.isPrintableASCII(last), subject.utf8.count <= Self.maximumSubjectLength
+        {
+            return subject
+        }
+        let trimmed = subject.trimmingCharacters(in: .whitespacesAndNewlines)
         guard !trimmed.isEmpty else {
             throw ServiceError(.invalidRequest, "Field 'subject' is empty; send the provider account's id.")
         }
@@ -77,6 +84,10 @@ public struct DevModeIdentityVerifier: ImmediateIdentityVerifier {
         }
         return trimmed
     }
+}
+
+extension DevModeIdentityVerifier {
+    private static func isPrintableASCII(_ byte: UInt8) -> Bool { byte > 0x20 && byte < 0x7F }
 }
 
 /// The real providers, as auth's ``IdentityVerifier``: the request's `idToken`, `accessToken`

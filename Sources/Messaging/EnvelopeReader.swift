@@ -41,11 +41,9 @@ public struct EnvelopeReader: Sendable {
         guard Message.endsWithClosingBrace(body) else {
             throw ServiceError(.invalidMessage, "The message is not a JSON envelope: malformed JSON")
         }
-        let decoder = WireFormat.decoder()
-        decoder.userInfo[.envelopeReader] = Box(decoders: decoders)
         let read: Read
         do {
-            read = try decoder.decode(OnePass.self, from: body).read
+            read = try WireDecoder.decode(OnePass.self, from: body, userInfo: [.envelopeReader: Box(decoders: decoders)]).read
         } catch let failure as PayloadFailure {
             guard failure.header.version == EnvelopeHeader.currentVersion else { throw Message.unsupported(failure.header) }
             throw ServiceError(

@@ -227,6 +227,13 @@ public final class InProcessBus: MessageBus {
         }
     }
 
+    /// Runs `job` on this bus's loop thread (see ``MessageBus/perform(onLoop:)``).
+    @discardableResult
+    public func perform(onLoop job: @escaping @Sendable () -> Void) -> Bool {
+        loop.submit(job)
+        return true
+    }
+
     /// Sends a request and hands the outcome to `callback` on this bus's loop thread (see
     /// ``MessageBus/request(_:to:timeout:onLoop:)``).
     public func request(

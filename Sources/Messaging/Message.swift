@@ -110,7 +110,7 @@ public struct Message: Sendable {
         }
         let header: EnvelopeHeader
         do {
-            header = try WireFormat.decoder().decode(EnvelopeHeader.self, from: body)
+            header = try WireDecoder.decode(EnvelopeHeader.self, from: body)
         } catch {
             throw ServiceError(.invalidMessage, "The message is not a JSON envelope: \(Self.explain(error))")
         }
@@ -131,7 +131,7 @@ public struct Message: Sendable {
     public func payload<Payload: Codable & Sendable>(as _: Payload.Type = Payload.self) throws(ServiceError) -> Payload {
         if let preread = preread as? Payload { return preread }
         do {
-            return try WireFormat.decoder().decode(Envelope<Payload>.self, from: body).payload
+            return try WireDecoder.decode(Envelope<Payload>.self, from: body).payload
         } catch {
             throw ServiceError(
                 .invalidMessage, "The payload of a \(header.type) message is not valid: \(Self.explain(error))")

@@ -72,6 +72,14 @@ public protocol MessageBus: Sendable {
         _ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration,
         onLoop callback: @escaping @Sendable (Result<Message, ServiceError>) -> Void)
 
+    /// Runs `job` on the bus's own thread, after what is already queued there: the way into a
+    /// service's hot path from a task (a timer, a call's outcome). What the job sends leaves when
+    /// it returns.
+    ///
+    /// - Returns: `false` when the bus has shut down and the job will never run.
+    @discardableResult
+    func perform(onLoop job: @escaping @Sendable () -> Void) -> Bool
+
     /// Connects to the publishers at `endpoints` and hands the events whose topic starts with one
     /// of `topics` to `handler` on the bus's own thread, in batches, in arrival order. Delivery
     /// is as with ``subscribe(to:topics:limits:)``: only what is published after the subscription

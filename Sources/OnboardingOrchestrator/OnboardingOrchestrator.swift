@@ -129,10 +129,9 @@ public struct OnboardingOrchestrator: Service {
             dispatcher: dispatcher, logger: logger, maxInFlight: 32)
 
         try await withThrowingDiscardingTaskGroup { group in
-            // Decisions commit in batches on one loop; it outlives everything that feeds it.
-            let decisions = Task { await engine.decide() }
-            // However this ends (a failure to start included), the decision loop ends with it.
-            defer { engine.finishDeciding() }
+            // However this ends (a failure to start included), the engine takes no more inputs;
+            // what it has queued commits on the bus's thread, which outlives this.
+            defer { engine.stopTakingInputs() }
             group.addTask { await Self.perform(work, atMost: Self.maximumConcurrentWork) }
             try await engine.resumeUnfinishedWork()
             for (name, feed) in feeds {
@@ -151,8 +150,6 @@ public struct OnboardingOrchestrator: Service {
             try await server.run()
             workQueue.finish()
             group.cancelAll()
-            engine.finishDeciding()
-            await decisions.value
         }
     }
 }

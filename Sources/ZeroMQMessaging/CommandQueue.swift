@@ -21,6 +21,7 @@ enum Command: Sendable {
     case reply(serverID: UInt64, route: [Data], message: OutgoingMessage)
     case request(OutgoingRequest)
     case cancelRequest(id: UInt64)
+    case run(@Sendable () -> Void)
     case shutdown
 }
 

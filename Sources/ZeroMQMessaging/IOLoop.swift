@@ -225,6 +225,8 @@ final class IOLoop: @unchecked Sendable {
             // The caller's waiter is already resumed with CancellationError; forget the entry so
             // a reply that still comes counts as late.
             pending.removeValue(forKey: id)
+        case .run(let job):
+            runOnLoop(job)
         case .shutdown:
             stopping = true
         }

@@ -206,6 +206,12 @@ public final class ZeroMQBus: MessageBus, Service {
         }
     }
 
+    /// Runs `job` on the I/O thread (see ``MessageBus/perform(onLoop:)``).
+    @discardableResult
+    public func perform(onLoop job: @escaping @Sendable () -> Void) -> Bool {
+        queue.submit(.run(job))
+    }
+
     // MARK: Lifecycle
 
     /// Closes every socket, fails calls in flight with `closed`, finishes every stream and stops

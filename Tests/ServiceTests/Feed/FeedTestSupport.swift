@@ -115,6 +115,10 @@ final class ObservedBus: MessageBus {
         try await inner.subscribe(to: endpoints, topics: topics, limits: limits, onLoop: handler)
     }
 
+    func perform(onLoop job: @escaping @Sendable () -> Void) -> Bool {
+        inner.perform(onLoop: job)
+    }
+
     func request(
         _ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration,
         onLoop callback: @escaping @Sendable (Result<Message, ServiceError>) -> Void
