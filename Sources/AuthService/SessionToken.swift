@@ -1,7 +1,8 @@
 import Crypto
 import Foundation
 
-/// Session tokens: 32 bytes from the system's secure random source, base64url without padding.
+/// Session tokens: 32 bytes from a cryptographically secure generator (BoringSSL's, through
+/// swift-crypto), base64url without padding.
 ///
 /// The store keeps only each token's SHA-256 digest, so a copy of the database does not hand
 /// out live sessions.
@@ -9,12 +10,8 @@ enum SessionToken {
     static let byteCount = 32
 
     static func make() -> String {
-        var generator = SystemRandomNumberGenerator()
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(byteCount)
-        for _ in 0..<(byteCount / 8) {
-            withUnsafeBytes(of: generator.next() as UInt64) { bytes.append(contentsOf: $0) }
-        }
+        // BoringSSL's generator (seeded from the system, then no system call per token).
+        let bytes = SymmetricKey(size: SymmetricKeySize(bitCount: byteCount * 8)).withUnsafeBytes { Array($0) }
         return base64URL(bytes)
     }
 

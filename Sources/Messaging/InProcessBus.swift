@@ -9,6 +9,13 @@ import Synchronization
 /// `noResponder` at once, unanswered ones with `timeout`, and requests the server cannot read
 /// are answered by the bus with a typed error.
 ///
+/// **Joining takes a moment on ZeroMQ.** There a new subscription takes effect only once its
+/// connection is up and the publisher has heard of it (the "slow joiner"): events published
+/// meanwhile are not delivered. Here a subscription takes effect at once, unless `joinDelay`
+/// says otherwise: give it a few milliseconds to find code that relies on events published
+/// right after it subscribed (the contract tests do). `OnboardingClient.intents()` copes with
+/// both.
+///
 /// Thread safety: all state sits behind one mutex; every method may be called from any task.
 public final class InProcessBus: MessageBus {
     private struct Subscriber {
@@ -44,8 +51,17 @@ public final class InProcessBus: MessageBus {
     /// The name this bus signs the errors it answers with.
     public let source: String
 
-    public init(source: String = "bus") {
+    /// How long a new subscription takes to take effect (see the type's notes); zero: at once.
+    public let joinDelay: Duration
+
+    /// - Parameters:
+    ///   - source: the name this bus signs the errors it answers with.
+    ///   - joinDelay: how long after ``subscribe(to:topics:limits:)`` returns its subscription
+    ///     starts receiving events, as on ZeroMQ; zero (the default) for at once. Subscriptions
+    ///     with a loop handler (`subscribe(to:topics:limits:onLoop:)`) join at once.
+    public init(source: String = "bus", joinDelay: Duration = .zero) {
         self.source = source
+        self.joinDelay = joinDelay
         self.loop = LoopThread(name: "inproc-\(source)")
     }
 
@@ -67,19 +83,39 @@ public final class InProcessBus: MessageBus {
     public func subscribe(to endpoints: [Endpoint], topics: [String], limits: MessageLimits) async throws -> AsyncStream<Message> {
         let (stream, continuation) = AsyncStream.makeStream(
             of: Message.self, bufferingPolicy: .bufferingOldest(limits.queueLimit))
-        let id = state.withLock { state in
-            let id = state.makeID()
-            for endpoint in endpoints {
-                state.subscribers[endpoint, default: [:]][id] = Subscriber(topics: topics, continuation: continuation)
+        let id = state.withLock { $0.makeID() }
+        let ended = Flag()
+        let join: @Sendable () -> Void = { [weak self] in
+            self?.state.withLock { state in
+                guard !ended.isSet else { return }
+                for endpoint in endpoints {
+                    state.subscribers[endpoint, default: [:]][id] = Subscriber(topics: topics, continuation: continuation)
+                }
             }
-            return id
         }
         continuation.onTermination = { [weak self] _ in
+            ended.set()
             self?.state.withLock { state in
                 for endpoint in endpoints { state.subscribers[endpoint]?[id] = nil }
             }
         }
+        if joinDelay == .zero {
+            join()
+        } else {
+            let delay = joinDelay
+            Task {
+                try? await Task.sleep(for: delay)
+                join()
+            }
+        }
         return stream
+    }
+
+    /// Set once a subscription has ended, so that a delayed join does not revive it.
+    private final class Flag: Sendable {
+        private let value = Atomic(false)
+        var isSet: Bool { value.load(ordering: .acquiring) }
+        func set() { value.store(true, ordering: .releasing) }
     }
 
     fileprivate func deliver(_ outgoing: OutgoingMessage, from endpoint: Endpoint) throws {

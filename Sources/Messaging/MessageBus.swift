@@ -3,7 +3,8 @@ import Foundation
 /// Publish/subscribe and request/reply between processes (or within one, for tests).
 ///
 /// Two implementations exist: `ZeroMQBus` (module `ZeroMQMessaging`) for real deployments and
-/// ``InProcessBus`` for tests. One contract test suite runs against both, so they behave alike:
+/// ``InProcessBus`` for tests. One contract test suite runs against both (the in-process bus with
+/// its slow joiner on), so they keep the same contract:
 ///
 /// - **Events.** A publisher binds an endpoint; subscribers connect to one or more endpoints and
 ///   receive the messages whose topic starts with one of their topic prefixes. Delivery is
@@ -11,6 +12,16 @@ import Foundation
 ///   joined, and one that falls more than ``MessageLimits/queueLimit`` behind loses the newest
 ///   messages (counted in ``BusStatistics/droppedEvents``). Every event carries a per-publisher
 ///   sequence number so that a subscriber can see a gap and ask the publisher for what it missed.
+/// - **Joining is not instant.** ``subscribe(to:topics:limits:)`` returns before the
+///   subscription has joined: on ZeroMQ the connection and the subscription still have to reach
+///   the publisher (the "slow joiner"), so events published right after it returns may be lost,
+///   some or all of them. What holds on both buses: nothing published before `subscribe` is
+///   delivered; the events that arrive from one publisher arrive in the order it published them;
+///   once one has arrived, every later matching event of that publisher arrives too (within the
+///   queue limit, and while the connection lasts: a publisher that restarts is joined anew).
+///   ``InProcessBus`` joins at once unless its `joinDelay` says otherwise. Code that must not
+///   miss an event subscribes first and then fetches the current state (the zguide's Clone
+///   pattern, as `EventFeed` and `OnboardingClient.intents()` do).
 /// - **Requests.** A server binds an endpoint and answers requests; a caller sends a request and
 ///   gets the reply, or a ``ServiceError``: `timeout` when no reply came in time (the server may
 ///   or may not have acted), `noResponder` when nothing listens at the endpoint. A request that

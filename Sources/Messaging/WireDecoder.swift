@@ -201,18 +201,21 @@ private struct JSONParser {
             index += 1
             return .array(elements)
         }
-        while true {
+        repeat {
             elements.append(try parseValue())
-            skipSpace()
-            guard index < bytes.count else { throw WireDecoder.NotHandled() }
-            if bytes[index] == UInt8(ascii: ",") {
-                index += 1
-                continue
-            }
-            guard bytes[index] == UInt8(ascii: "]") else { throw WireDecoder.NotHandled() }
-            index += 1
-            return .array(elements)
-        }
+        } while try more(closing: UInt8(ascii: "]"))
+        return .array(elements)
+    }
+
+    /// After an element or member: `true` for a comma (another follows), `false` for `closing`.
+    mutating func more(closing: UInt8) throws -> Bool {
+        skipSpace()
+        guard index < bytes.count else { throw WireDecoder.NotHandled() }
+        let byte = bytes[index]
+        index += 1
+        if byte == UInt8(ascii: ",") { return true }
+        guard byte == closing else { throw WireDecoder.NotHandled() }
+        return false
     }
 
     mutating func parseObject() throws -> JSONValue {
@@ -226,7 +229,7 @@ private struct JSONParser {
             index += 1
             return .object(members)
         }
-        while true {
+        repeat {
             skipSpace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw WireDecoder.NotHandled() }
             let key = try parseString()
@@ -236,16 +239,8 @@ private struct JSONParser {
             guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { throw WireDecoder.NotHandled() }
             index += 1
             members.append((key, try parseValue()))
-            skipSpace()
-            guard index < bytes.count else { throw WireDecoder.NotHandled() }
-            if bytes[index] == UInt8(ascii: ",") {
-                index += 1
-                continue
-            }
-            guard bytes[index] == UInt8(ascii: "}") else { throw WireDecoder.NotHandled() }
-            index += 1
-            return .object(members)
-        }
+        } while try more(closing: UInt8(ascii: "}"))
+        return .object(members)
     }
 }
 

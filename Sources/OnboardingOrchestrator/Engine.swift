@@ -282,8 +282,8 @@ final class Engine: Sendable {
                     case .failure(let error):
                         .profileCheckFailed(uid: uid, check: check, error: error)
                     }
-                // A failure is logged and the machine starts again from the store, checks included.
-                try? commitNow([Submission(inputs: [input])])
+                // Committed with the other answers that arrived together (one job on the loop).
+                send(input)
             }
         case .retryCheck(let uid, let check, let delay, let attempt, let error):
             logger.warning("profile check for \(uid) failed (\(error)); retry \(attempt) in \(delay)")

@@ -114,7 +114,8 @@ public struct ProfileStore: Sendable {
 
     /// ``read(uid:)`` inside the caller's transaction (the hot path, on the bus's thread).
     static func read(uid: String, in db: Database) throws -> ProfileResult {
-        if let row = try ProfileRow.fetchOne(db, key: uid) {
+        let statement = try db.cachedStatement(sql: "SELECT * FROM \(ProfileRow.databaseTableName) WHERE uid = ?")
+        if let row = try ProfileRow.fetchOne(statement, arguments: [uid]) {
             return ProfileResult(profile: row.profile, asOfSequence: row.sequence)
         }
         return ProfileResult(profile: nil, asOfSequence: try Outbox.lastSequence(in: db))

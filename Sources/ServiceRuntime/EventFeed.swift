@@ -153,20 +153,11 @@ public final class EventFeed: Sendable {
     /// Subscribes with a handler on the bus's thread, trying until it works. `nil` when cancelled.
     private func subscribeOnLoop(reader: EnvelopeReader, mailbox: LiveMailbox, handle: @escaping LoopHandler) async -> (any BusLoopRegistration)? {
         liveState.withLock { $0 = LiveState(mailbox: mailbox) }
-        var attempt = 0
-        while !Task.isCancelled {
-            do {
-                return try await bus.subscribe(to: [events], topics: [""], limits: limits) { [self] batch in
-                    onLoop(batch, reader: reader, handle: handle)
-                }
-            } catch {
-                attempt += 1
-                let delay = retry.delay(attempt: attempt)
-                logger.warning("subscribing to \(events) failed (\(error)); retry \(attempt) in \(delay)")
-                guard (try? await Task.sleep(for: delay)) != nil else { return nil }
+        return await subscribing {
+            try await bus.subscribe(to: [events], topics: [""], limits: limits) { [self] batch in
+                onLoop(batch, reader: reader, handle: handle)
             }
         }
-        return nil
     }
 
     /// On the bus's thread: delivers live events that follow the cursor, or hands them to the
@@ -382,10 +373,15 @@ public final class EventFeed: Sendable {
 
     /// Subscribes to every topic at ``events``, trying until it works. `nil` when cancelled.
     private func subscribe() async -> AsyncStream<Message>? {
+        await subscribing { try await bus.subscribe(to: [events], topics: [""], limits: limits) }
+    }
+
+    /// Runs `subscribe` until it works, with backoff. `nil` when cancelled.
+    private func subscribing<T>(_ subscribe: () async throws -> T) async -> T? {
         var attempt = 0
         while !Task.isCancelled {
             do {
-                return try await bus.subscribe(to: [events], topics: [""], limits: limits)
+                return try await subscribe()
             } catch {
                 attempt += 1
                 let delay = retry.delay(attempt: attempt)

@@ -250,7 +250,8 @@ extension RequestDispatcher {
         return serviceToken != nil && header.serviceToken == nil
     }
 
-    /// Runs the jobs' handlers: the writing ones in one write transaction, the others in one read.
+    /// Runs the jobs' handlers: the writing ones in one write transaction, the others on the
+    /// writer's connection outside a transaction.
     /// A refusal before any change becomes that job's error reply; any other failure is thrown
     /// (after rolling back).
     private func runTogether(_ jobs: [LoopJob]) throws -> [OutgoingMessage?] {
@@ -271,7 +272,9 @@ extension RequestDispatcher {
                     }
                 }
             }
-            let made = writes ? try database.write(run) : try database.read(run)
+            // Reads run on the writer's connection, between its transactions and outside one:
+            // no snapshot to open and close, and no write can come between a read's statements.
+            let made = writes ? try database.write(run) : try database.writeWithoutTransaction(run)
             for (index, reply) in zip(indices, made) { replies[index] = reply }
         }
         return replies

@@ -26,6 +26,8 @@ public final class Outbox: Sendable {
     private struct Unpublished {
         var messages: [OutgoingMessage] = []
         var observing = false
+        /// The next sequence number in the transaction under way, once known.
+        var next: UInt64?
     }
 
     public init(source: String, publisher: any EventPublisher) {
@@ -58,8 +60,10 @@ public final class Outbox: Sendable {
         let time = Timestamp.now()
         // The next number, read inside this write transaction (one writer at a time), so the row
         // is written once with its final envelope. AUTOINCREMENT keeps `sqlite_sequence` at the
-        // largest number ever used, pruned rows included.
-        let sequence = try Self.lastSequence(in: db) + 1
+        // largest number ever used, pruned rows included. Read once per transaction: later
+        // events of the same transaction count on from it (only this outbox writes the table).
+        let known = unpublished.withLock { $0.next }
+        let sequence = try known ?? (Self.lastSequence(in: db) + 1)
         let header = EnvelopeHeader(
             type: Event.type, source: source, sequence: sequence, time: time, correlationId: correlationId, uid: uid)
         let body = try Envelope(header: header, payload: event).encoded()
@@ -68,6 +72,7 @@ public final class Outbox: Sendable {
             [Int64(clamping: sequence), Event.type, topic, uid, body, time])
         let firstOfTransaction = unpublished.withLock { unpublished in
             unpublished.messages.append(OutgoingMessage(topic: topic, body: body))
+            unpublished.next = sequence + 1
             defer { unpublished.observing = true }
             return !unpublished.observing
         }

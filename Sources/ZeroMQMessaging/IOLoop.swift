@@ -602,6 +602,14 @@ final class IOLoop: @unchecked Sendable {
     /// Reads up to ``receiveBudget`` replies. Returns `false` when it stopped with more waiting.
     private func drainDealer(_ endpoint: Endpoint) -> Bool {
         guard let dealer = dealers[endpoint] else { return true }
+        // Replies for loop callers are handed over together, in one turn of the loop, so that
+        // what they queue (a commit, say) is done once for all of them.
+        var callbacks: [(callback: @Sendable (Result<Message, ServiceError>) -> Void, result: Result<Message, ServiceError>)] = []
+        defer {
+            if !callbacks.isEmpty {
+                runOnLoop { for (callback, result) in callbacks { callback(result) } }
+            }
+        }
         for _ in 0..<Self.receiveBudget {
             switch dealer.socket.receive(into: &frames, scratch: scratch) {
             case .empty: return true
@@ -619,6 +627,10 @@ final class IOLoop: @unchecked Sendable {
                     continue
                 }
                 let result = Result<Message, any Error> { try Message(body: frames[2], attachment: frames.count == 4 ? frames[3] : nil) }
+                if case .loop(let callback) = entry.waiter {
+                    callbacks.append((callback, result.mapError { ($0 as? ServiceError) ?? ServiceError(.internalError, "\($0)") }))
+                    continue
+                }
                 if !deliver(result, to: entry.waiter) {
                     queue.count { $0.lateReplies += 1 }
                 }

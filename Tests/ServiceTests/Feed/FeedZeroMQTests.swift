@@ -16,7 +16,11 @@ struct FeedZeroMQTests {
             rpc: Endpoint("tcp://127.0.0.1:\(port)"), events: Endpoint("tcp://127.0.0.1:\(port + 1)"), devMode: true,
             serviceToken: "secret")
         let serverBus = ZeroMQBus(source: "auth", logger: quietLogger)
-        let clientBus = ZeroMQBus(source: "feed", logger: quietLogger)
+        // A loaded machine (the tests beside this one) can take longer than the default grace to
+        // connect; that is not what this test is about.
+        var patient = ZeroMQBus.Configuration()
+        patient.connectGrace = .seconds(3)
+        let clientBus = ZeroMQBus(source: "feed", logger: quietLogger, configuration: patient)
         let auth = try AuthService(configuration: configuration, bus: serverBus, logger: quietLogger)
         let feed = EventFeed(
             bus: clientBus, events: configuration.events, replay: configuration.rpc, topics: ["auth.signedIn"],
