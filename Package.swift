@@ -24,6 +24,8 @@ let package = Package(
         .executable(name: "onboarding-client", targets: ["onboarding-client"]),
         .executable(name: "onboarding-chaos", targets: ["onboarding-chaos"]),
         .executable(name: "onboarding-bench", targets: ["onboarding-bench"]),
+        .library(name: "OnboardingGateway", targets: ["OnboardingGateway"]),
+        .executable(name: "onboarding-gateway", targets: ["onboarding-gateway"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -34,6 +36,10 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
         .package(url: "https://github.com/x-sheep/swift-property-based", from: "2.0.1"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
+        .package(url: "https://github.com/vapor/multipart-kit", from: "4.7.1"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
+        .package(url: "https://github.com/mattpolzin/OpenAPIKit", from: "6.4.0"),
     ],
     targets: [
         // MARK: Messaging
@@ -198,6 +204,31 @@ let package = Package(
         .testTarget(
             name: "OnboardingBenchTests",
             dependencies: ["OnboardingBench"]
+        ),
+
+        // MARK: The HTTP gateway (the app's front door: HTTP and Server-Sent Events over the bus)
+
+        .target(
+            name: "OnboardingGateway",
+            dependencies: [
+                "OnboardingClient",
+                "ServiceRuntime",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "MultipartKit", package: "multipart-kit"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            resources: [.copy("Resources")]
+        ),
+        .executableTarget(name: "onboarding-gateway", dependencies: ["OnboardingGateway"]),
+        .testTarget(
+            name: "GatewayTests",
+            dependencies: [
+                "OnboardingGateway", "AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator",
+                "ImageFixtures",
+                .product(name: "HummingbirdTesting", package: "hummingbird"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "OpenAPIKit", package: "OpenAPIKit"),
+            ]
         ),
 
         // MARK: The whole system
