@@ -4,7 +4,7 @@ API shares with the bus), rewriting their references. Run it after changing a sc
 proto/schemas; `swift test --filter GatewayTests` fails until the copies agree."""
 import json, os, re
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))  # proto/ (openapi.json is a link to the gateway's resource)
 SCHEMAS = os.path.join(HERE, "schemas")
 # component name -> (schema file, $defs name or None)
 SHARED = {

@@ -67,6 +67,14 @@ public struct OnboardingGateway: Service {
 
     // MARK: Routes
 
+    /// Every route ``routes()`` serves, as `proto/openapi.json` names them.
+    public static let routeList: [(method: String, path: String)] = [
+        ("GET", "/openapi.json"), ("GET", "/v1/health"),
+        ("POST", "/v1/session"), ("DELETE", "/v1/session"), ("DELETE", "/v1/me"),
+        ("GET", "/v1/me/profile"), ("POST", "/v1/me/profile"), ("POST", "/v1/me/check"),
+        ("GET", "/v1/me/intent"), ("GET", "/v1/me/intents"), ("GET", "/v1/usernames/{username}"),
+    ]
+
     /// Every route, behind the middleware that turns every error into a problem.
     public func routes() -> Router<GatewayContext> {
         let router = Router(context: GatewayContext.self)

@@ -1,4 +1,5 @@
 import Foundation
+import NIOHTTP1
 import ImageFixtures
 import OnboardingAPI
 import OnboardingGateway
@@ -186,6 +187,18 @@ struct GatewayRoutesTests {
             for _ in 0..<3 { #expect(try await http.send(.GET, "/v1/usernames/abc").status == 200) }
             let limited = try await http.send(.GET, "/v1/usernames/abc")
             #expect(limited.status == 429 && limited.headers.first(name: "retry-after") != nil)
+        }
+    }
+
+    @Test("every route in the route list answers (never 404 notFound)")
+    func everyRouteAnswers() async throws {
+        try await GatewaySystem().run { _, gateway in
+            let http = GatewayHTTP(gateway)
+            for (method, path) in OnboardingGateway.routeList where path != "/v1/me/intents" {
+                let reply = try await http.send(
+                    HTTPMethod(rawValue: method), path.replacingOccurrences(of: "{username}", with: "someone"), token: "x")
+                #expect(reply.status != 404, "\(method) \(path)")
+            }
         }
     }
 
