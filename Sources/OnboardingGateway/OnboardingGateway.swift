@@ -200,21 +200,21 @@ public struct OnboardingGateway: Service {
                 for received in opened.first { text += ServerSentEvents.intent(received) }
                 try await writer.write(ByteBuffer(string: text))
                 var last = opened.last
-                try await request.body.consumeWithCancellationOnInboundClose { _ in
-                    for await item in opened.subscription.items {
-                        switch item {
-                        case .intent(let received):
-                            guard received.sequence > last else { continue }
-                            last = received.sequence
-                            try await writer.write(ByteBuffer(string: ServerSentEvents.intent(received)))
-                        case .heartbeat(let through):
-                            if await Self.sessionEnded(token, bus: bus, configuration: configuration) {
-                                try await writer.write(ByteBuffer(string: ServerSentEvents.sessionEnded()))
-                                return
-                            }
-                            last = max(last, through)
-                            try await writer.write(ByteBuffer(string: ServerSentEvents.heartbeat(through: last)))
+                // A client that went away is noticed when a write fails: at the next intent or
+                // heartbeat. The subscription ends with this closure.
+                loop: for await item in opened.subscription.items {
+                    switch item {
+                    case .intent(let received):
+                        guard received.sequence > last else { continue }
+                        last = received.sequence
+                        try await writer.write(ByteBuffer(string: ServerSentEvents.intent(received)))
+                    case .heartbeat(let through):
+                        if await Self.sessionEnded(token, bus: bus, configuration: configuration) {
+                            try await writer.write(ByteBuffer(string: ServerSentEvents.sessionEnded()))
+                            break loop
                         }
+                        last = max(last, through)
+                        try await writer.write(ByteBuffer(string: ServerSentEvents.heartbeat(through: last)))
                     }
                 }
                 try await writer.finish(nil)

@@ -31,6 +31,8 @@ final class EventStreamReader: Sendable {
     private struct Waiter {
         var predicate: @Sendable ([StreamEvent]) -> Bool
         var continuation: CheckedContinuation<Bool, Never>
+        /// Met when the stream ends.
+        var end = false
     }
 
     private struct State {
@@ -120,7 +122,7 @@ final class EventStreamReader: Sendable {
             let now: Bool? = state.withLock { state in
                 if state.ended { return true }
                 state.nextID += 1
-                state.waiters[state.nextID] = Waiter(predicate: { _ in false }, continuation: continuation)
+                state.waiters[state.nextID] = Waiter(predicate: { _ in false }, continuation: continuation, end: true)
                 let id = state.nextID
                 Task { [self] in
                     try? await Task.sleep(for: timeout)
@@ -130,7 +132,7 @@ final class EventStreamReader: Sendable {
             }
             if let now { continuation.resume(returning: now) }
         }
-        if !ended { Issue.record("the stream did not end within \(timeout)", sourceLocation: sourceLocation) }
+        if !ended { Issue.record("the stream did not end within \(timeout); it had \(events)", sourceLocation: sourceLocation) }
         return ended
     }
 
@@ -149,7 +151,8 @@ final class EventStreamReader: Sendable {
             state.waiters = [:]
             return Array(waiters)
         }
-        for waiter in waiters { waiter.continuation.resume(returning: waiter.predicate(events)) }
+        let events = self.events
+        for waiter in waiters { waiter.continuation.resume(returning: waiter.end || waiter.predicate(events)) }
     }
 
     private func append(_ event: StreamEvent) {

@@ -1,7 +1,9 @@
 import Foundation
 import HTTPTypes
+import Messaging
 import NIOCore
 import OnboardingAPI
+import OnboardingClient
 @testable import OnboardingGateway
 import Testing
 

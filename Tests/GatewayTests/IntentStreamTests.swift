@@ -59,8 +59,9 @@ struct IntentStreamTests {
             await again.waitForIntents(2)
             let missed = again.intents
             #expect(missed.map { $0.intent?.intent } == [.presentProfileSetup, .dismiss])
-            #expect(missed.map { $0.intent?.reason } == [.checkRequested, .profileCreated])
-            #expect(missed[0].intent?.intentId == first.intents[0].intent?.intentId)
+            // The check's repeat: the same decision (intentId and reason), a new route sequence.
+            #expect(missed.map { $0.intent?.reason } == [.signedIn, .profileCreated])
+            #expect(missed[0].intent == first.intents[0].intent)
             #expect(missed.allSatisfy { $0.uid == me.uid && $0.uid != other.uid })
             let sequences = missed.compactMap(\.sequence)
             #expect(sequences == sequences.sorted() && Set(sequences).count == 2 && sequences[0] > UInt64(seen)!)
@@ -128,7 +129,8 @@ struct IntentStreamTests {
             let restarted = try await RunningGateway.start(configuration, bus: system.bus)
             let again = try await EventStreamReader.open(base: restarted.base, token: me.sessionToken, lastEventID: seen)
             await again.waitForIntents(2)
-            #expect(again.intents.map { $0.intent?.reason } == [.checkRequested, .profileCreated])
+            #expect(again.intents.map { $0.intent?.intent } == [.presentProfileSetup, .dismiss])
+            #expect(again.intents.first?.intent == stream.intents.first?.intent)
             #expect(again.intents.allSatisfy { $0.uid == me.uid })
             let sequences = again.intents.compactMap(\.sequence)
             #expect(Set(sequences).count == sequences.count && sequences.allSatisfy { $0 > UInt64(seen)! })
