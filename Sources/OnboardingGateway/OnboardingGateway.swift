@@ -102,6 +102,16 @@ public struct OnboardingGateway: Service {
         return router
     }
 
+    /// The methods ``routeList`` serves at `path` (empty: no such path).
+    static func methods(for path: String) -> [String] {
+        let components = path.split(separator: "/", omittingEmptySubsequences: true)
+        return routeList.filter { route in
+            let pattern = route.path.split(separator: "/", omittingEmptySubsequences: true)
+            return pattern.count == components.count
+                && zip(pattern, components).allSatisfy { $0.hasPrefix("{") || $0 == $1 }
+        }.map(\.method)
+    }
+
     private func signIn(_ request: Request, _ context: GatewayContext) async throws -> Response {
         try limit(signIns, request, context, what: "sign-ins")
         try request.requireJSON()
@@ -370,6 +380,16 @@ struct ProblemMiddleware: RouterMiddleware {
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         do {
             return try await next(request, context)
+        } catch let error as HTTPError where error.status == .notFound {
+            // The path exists with other methods: 405 and what it takes.
+            let allowed = OnboardingGateway.methods(for: request.uri.path)
+            guard !allowed.isEmpty else { return ProblemError.from(error).response() }
+            var headers = HTTPFields()
+            headers[.allow] = allowed.joined(separator: ", ")
+            return ProblemError(
+                .methodNotAllowed, "\(request.uri.path) takes \(allowed.joined(separator: ", ")), not \(request.method).",
+                headers: headers
+            ).response()
         } catch {
             let problem = ProblemError.from(error)
             if problem.status.code >= 500 {
