@@ -217,7 +217,7 @@ let package = Package(
                 .product(name: "MultipartKit", package: "multipart-kit"),
                 .product(name: "Logging", package: "swift-log"),
             ],
-            resources: [.copy("Resources/openapi.json")]
+            resources: [.copy("Resources/openapi.json"), .copy("Resources/demo.html")]
         ),
         .executableTarget(name: "onboarding-gateway", dependencies: ["OnboardingGateway"]),
         .testTarget(

@@ -69,7 +69,7 @@ public struct OnboardingGateway: Service {
 
     /// Every route ``routes()`` serves, as `proto/openapi.json` names them.
     public static let routeList: [(method: String, path: String)] = [
-        ("GET", "/openapi.json"), ("GET", "/v1/health"),
+        ("GET", "/openapi.json"), ("GET", "/demo"), ("GET", "/v1/health"),
         ("POST", "/v1/session"), ("DELETE", "/v1/session"), ("DELETE", "/v1/me"),
         ("GET", "/v1/me/profile"), ("POST", "/v1/me/profile"), ("POST", "/v1/me/check"),
         ("GET", "/v1/me/intent"), ("GET", "/v1/me/intents"), ("GET", "/v1/usernames/{username}"),
@@ -81,7 +81,8 @@ public struct OnboardingGateway: Service {
         router.addMiddleware {
             ProblemMiddleware(logger: logger)
         }
-        router.get("openapi.json") { _, _ in try Self.openAPIResponse() }
+        router.get("openapi.json") { _, _ in try Self.resource("openapi", "json", type: "application/json") }
+        router.get("demo") { _, _ in try Self.resource("demo", "html", type: "text/html; charset=utf-8") }
         router.get("v1/health") { _, _ in try await health() }
         router.post("v1/session") { request, context in try await signIn(request, context) }
         router.delete("v1/session") { request, _ in try await signOut(request) }
@@ -334,15 +335,15 @@ public struct OnboardingGateway: Service {
         return Response(status: status, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: data)))
     }
 
-    /// `proto/openapi.json`, as built into the gateway.
-    static func openAPIResponse() throws -> Response {
-        guard let url = Bundle.module.url(forResource: "openapi", withExtension: "json"),
+    /// A file built into the gateway: `openapi.json` (`proto/openapi.json`), `demo.html`.
+    static func resource(_ name: String, _ ext: String, type: String) throws -> Response {
+        guard let url = Bundle.module.url(forResource: name, withExtension: ext),
             let data = try? Data(contentsOf: url)
         else {
-            throw ProblemError(.internalError, "The OpenAPI document is missing from this build of the gateway.")
+            throw ProblemError(.internalError, "\(name).\(ext) is missing from this build of the gateway.")
         }
         var headers = HTTPFields()
-        headers[.contentType] = "application/json"
+        headers[.contentType] = type
         return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: data)))
     }
 }

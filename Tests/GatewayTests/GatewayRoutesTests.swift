@@ -121,6 +121,10 @@ struct GatewayRoutesTests {
             let badKey = try await http.setUp(token: me.sessionToken, username: "okname", key: "has spaces")
             #expect(badKey.status == 400 && badKey.problem?.detail.contains("Idempotency-Key") == true)
 
+            let wrongMethod = try await http.send(.PUT, "/v1/me/profile", token: me.sessionToken)
+            #expect(wrongMethod.status == 405 && wrongMethod.problem?.code == "methodNotAllowed")
+            #expect(wrongMethod.headers.first(name: "allow") == "GET, POST")
+
             let missing = try await http.send(.GET, "/v1/nothing-here")
             #expect(missing.status == 404 && missing.problem?.code == "notFound")
 
