@@ -51,7 +51,7 @@ def main():
 
     options = Options()
     options.binary_location = args.chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=440,860"):
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=460,1000"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(args.chromedriver), options=options)
     wait = WebDriverWait(driver, 20)
