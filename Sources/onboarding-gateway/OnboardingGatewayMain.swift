@@ -25,6 +25,10 @@ struct GatewayCommand: AsyncParsableCommand {
     var maxImageBytes: Int?
     @Option(help: "Comma-separated addresses of reverse proxies whose X-Forwarded-For is believed. Env: ONBOARDING_GATEWAY_TRUSTED_PROXIES. Default: none")
     var trustedProxies: String?
+    @Option(help: "Sign-ins a client address may make a minute (all at once if need be). Env: ONBOARDING_GATEWAY_SIGN_INS_PER_MINUTE. Default: 30")
+    var signInsPerMinute: Int?
+    @Option(help: "Username checks a client address may make a second, after a burst of four times that. Env: ONBOARDING_GATEWAY_USERNAME_CHECKS_PER_SECOND. Default: 5")
+    var usernameChecksPerSecond: Int?
     @OptionGroup var common: CommonServiceOptions
 
     func run() async throws {
@@ -41,10 +45,26 @@ struct GatewayCommand: AsyncParsableCommand {
             routes: Settings.endpoint(routes, env: "ONBOARDING_ROUTES", default: Defaults.routes),
             serviceToken: try common.resolvedServiceToken(),
             maxImageBytes: try Settings.imageLimit(maxImageBytes),
+            signInLimit: .perMinute(try Self.ranged(signInsPerMinute, env: "ONBOARDING_GATEWAY_SIGN_INS_PER_MINUTE", default: 30, flag: "--sign-ins-per-minute")),
+            usernameCheckLimit: try {
+                let perSecond = try Self.ranged(
+                    usernameChecksPerSecond, env: "ONBOARDING_GATEWAY_USERNAME_CHECKS_PER_SECOND", default: 5,
+                    flag: "--username-checks-per-second")
+                return RateLimiter.Rule(burst: Double(perSecond * 4), perSecond: Double(perSecond))
+            }(),
             trustedProxies: Set(proxies))
         try await ServiceHost.run(name: GatewayDefaults.name, logger: logger) { bus in
             [OnboardingGateway(configuration: configuration, bus: bus, logger: logger)]
         }
+    }
+
+    /// A rate from its flag, the environment, or the default: 1 to 1,000,000.
+    static func ranged(_ flag: Int?, env: String, default value: Int, flag name: String) throws -> Int {
+        let number = try Settings.integer(flag, env: env, default: value)
+        guard (1...1_000_000).contains(number) else {
+            throw ValidationError("\(name) (or \(env)) must be from 1 to 1000000, not \(number).")
+        }
+        return number
     }
 
     /// `http://HOST:PORT` (or `HOST:PORT`) as host and port.

@@ -139,6 +139,32 @@ struct IntentStreamTests {
         }
     }
 
+    @Test("two gateways side by side: a stream on one sees what is done through the other; a reconnect moves between them")
+    func sideBySide() async throws {
+        let system = try GatewaySystem()
+        try await system.runServices(orchestrator: true) { system in
+            let first = try await RunningGateway.start(system.gatewayConfiguration(), bus: system.bus)
+            let second = try await RunningGateway.start(system.gatewayConfiguration(), bus: system.bus)
+            let me = try await GatewayHTTP(first).signIn("side-by-side-\(UUID().uuidString)")
+            let stream = try await EventStreamReader.open(base: first.base, token: me.sessionToken)
+            await stream.waitForIntents(1)
+            #expect(try await GatewayHTTP(second).send(.POST, "/v1/me/check", token: me.sessionToken).status == 200)
+            await stream.waitForIntents(2)
+            let seen = try #require(stream.lastEventID)
+            stream.close()
+
+            #expect(try await GatewayHTTP(second).setUp(token: me.sessionToken, username: "sb\(Int.random(in: 1000...9999))").status == 201)
+            let moved = try await EventStreamReader.open(base: second.base, token: me.sessionToken, lastEventID: seen)
+            await moved.waitForIntents(1)
+            let lastSequence = try #require(moved.intents.first?.sequence)
+            await moved.wait(for: "a heartbeat") { $0.contains { !$0.isIntent && ($0.sequence ?? 0) >= lastSequence } }
+            #expect(moved.intents.map { $0.intent?.intent } == [.dismiss])
+            moved.close()
+            await first.stop()
+            await second.stop()
+        }
+    }
+
     @Test("an orchestrator restart: an open stream goes on and gets what comes after")
     func orchestratorRestart() async throws {
         let system = try GatewaySystem()
