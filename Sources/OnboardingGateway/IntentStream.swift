@@ -98,6 +98,11 @@ public enum ServerSentEvents {
         "id: \(sequence)\n: heartbeat\n\n"
     }
 
+    /// Where a stream stands once its first events are sent: an `id` line and no data.
+    public static func position(_ sequence: UInt64) -> String {
+        "id: \(sequence)\n: caught up\n\n"
+    }
+
     /// Sent before the gateway ends a stream whose session has ended.
     public static func sessionEnded() -> String {
         "event: sessionEnded\ndata: {\"code\":\"unauthenticated\"}\n\n"

@@ -209,6 +209,11 @@ public struct OnboardingGateway: Service {
             body: ResponseBody { writer in
                 var text = ServerSentEvents.opening()
                 for received in opened.first { text += ServerSentEvents.intent(received) }
+                // Where the stream stands (often past the intent in force): a reconnect before
+                // the first heartbeat replays from here, not from an old intent's sequence.
+                if opened.last > (opened.first.last?.sequence ?? 0) {
+                    text += ServerSentEvents.position(opened.last)
+                }
                 try await writer.write(ByteBuffer(string: text))
                 var last = opened.last
                 // A client that went away is noticed when a write fails: at the next intent or

@@ -122,6 +122,7 @@ struct GatewayUnitTests {
         #expect(text.hasSuffix("}\n\n"))
         #expect(!text.dropLast(2).contains("\n\n"))
         #expect(ServerSentEvents.heartbeat(through: 50) == "id: 50\n: heartbeat\n\n")
+        #expect(ServerSentEvents.position(51) == "id: 51\n: caught up\n\n")
         var parser = EventStreamReader.Parser()
         let events = parser.feed(Array((ServerSentEvents.opening() + text + ServerSentEvents.heartbeat(through: 50)).utf8))
         #expect(events.count == 2)

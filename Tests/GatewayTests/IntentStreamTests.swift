@@ -38,6 +38,27 @@ struct IntentStreamTests {
         }
     }
 
+    @Test("a stream opened after others' intents stands at once past them, not at its own old intent")
+    func standsPastOthers() async throws {
+        try await GatewaySystem().run { _, gateway in
+            let http = GatewayHTTP(gateway)
+            let me = try await http.signIn("early-\(UUID().uuidString)")
+            var newest: UInt64 = 0
+            for index in 0..<3 {
+                let other = try await http.signIn("later-\(index)-\(UUID().uuidString)")
+                let state = try await http.send(.GET, "/v1/me/intent", token: other.sessionToken).decode(RouteState.self)
+                newest = max(newest, state.sequence ?? 0)
+            }
+            let stream = try await EventStreamReader.open(base: gateway.base, token: me.sessionToken)
+            defer { stream.close() }
+            let through = newest
+            await stream.wait(for: "the position after the intent in force") { events in
+                events.count >= 2 && events[0].isIntent && !events[1].isIntent && (events[1].sequence ?? 0) >= through
+            }
+            #expect(try #require(stream.intents.first?.sequence) < newest)
+        }
+    }
+
     @Test("a reconnect with Last-Event-ID gets exactly what it missed, in order, never a duplicate")
     func reconnect() async throws {
         try await GatewaySystem().run { _, gateway in
