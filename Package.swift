@@ -224,7 +224,7 @@ let package = Package(
             name: "GatewayTests",
             dependencies: [
                 "OnboardingGateway", "AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator",
-                "ImageFixtures",
+                "ImageFixtures", "ZeroMQMessaging",
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "OpenAPIKit", package: "OpenAPIKit"),

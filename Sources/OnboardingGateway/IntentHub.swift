@@ -85,8 +85,8 @@ public final class IntentHub: Service, Sendable {
                     await feed.run(after: start) { batch, through in self.dispatch(batch, through: through) }
                 }
                 group.addTask { [self] in
-                    while !Task.isCancelled {
-                        try await Task.sleep(for: configuration.heartbeat)
+                    // Ends quietly when cancelled: stopping is not a failure.
+                    while (try? await Task.sleep(for: configuration.heartbeat)) != nil {
                         beat()
                     }
                 }

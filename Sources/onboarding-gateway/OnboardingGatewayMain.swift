@@ -29,6 +29,8 @@ struct GatewayCommand: AsyncParsableCommand {
     var signInsPerMinute: Int?
     @Option(help: "Username checks a client address may make a second, after a burst of four times that. Env: ONBOARDING_GATEWAY_USERNAME_CHECKS_PER_SECOND. Default: 5")
     var usernameChecksPerSecond: Int?
+    @Option(help: "Seconds between heartbeats on an idle intent stream (1 to 3600). Env: ONBOARDING_GATEWAY_HEARTBEAT_SECONDS. Default: 15")
+    var heartbeatSeconds: Int?
     @OptionGroup var common: CommonServiceOptions
 
     func run() async throws {
@@ -45,6 +47,9 @@ struct GatewayCommand: AsyncParsableCommand {
             routes: Settings.endpoint(routes, env: "ONBOARDING_ROUTES", default: Defaults.routes),
             serviceToken: try common.resolvedServiceToken(),
             maxImageBytes: try Settings.imageLimit(maxImageBytes),
+            heartbeat: .seconds(try Self.ranged(
+                heartbeatSeconds, env: "ONBOARDING_GATEWAY_HEARTBEAT_SECONDS", default: 15, flag: "--heartbeat-seconds",
+                in: 1...3600)),
             signInLimit: .perMinute(try Self.ranged(signInsPerMinute, env: "ONBOARDING_GATEWAY_SIGN_INS_PER_MINUTE", default: 30, flag: "--sign-ins-per-minute")),
             usernameCheckLimit: try {
                 let perSecond = try Self.ranged(
@@ -58,11 +63,13 @@ struct GatewayCommand: AsyncParsableCommand {
         }
     }
 
-    /// A rate from its flag, the environment, or the default: 1 to 1,000,000.
-    static func ranged(_ flag: Int?, env: String, default value: Int, flag name: String) throws -> Int {
+    /// A number from its flag, the environment, or the default, within `range`.
+    static func ranged(
+        _ flag: Int?, env: String, default value: Int, flag name: String, in range: ClosedRange<Int> = 1...1_000_000
+    ) throws -> Int {
         let number = try Settings.integer(flag, env: env, default: value)
-        guard (1...1_000_000).contains(number) else {
-            throw ValidationError("\(name) (or \(env)) must be from 1 to 1000000, not \(number).")
+        guard range.contains(number) else {
+            throw ValidationError("\(name) (or \(env)) must be from \(range.lowerBound) to \(range.upperBound), not \(number).")
         }
         return number
     }
