@@ -5,7 +5,7 @@ import OnboardingAPI
 import OnboardingGateway
 import Testing
 
-@Suite("The gateway's HTTP routes over the whole system in one process")
+@Suite("The gateway's HTTP routes over the whole system in one process", .serialized)
 struct GatewayRoutesTests {
     @Test("sign in, check, check a name, set up with an image, read the profile, sign out, withdraw")
     func journey() async throws {

@@ -5,7 +5,7 @@ import OnboardingGateway
 import ServiceLifecycle
 import Testing
 
-@Suite("The live intent stream (Server-Sent Events)")
+@Suite("The live intent stream (Server-Sent Events)", .serialized)
 struct IntentStreamTests {
     @Test("it starts with the intent in force, then follows live; ids are route sequences; heartbeats move the id on")
     func inForceThenLive() async throws {
