@@ -16,6 +16,14 @@ let package = Package(
         .library(name: "ZeroMQMessaging", targets: ["ZeroMQMessaging"]),
         .library(name: "OnboardingAPI", targets: ["OnboardingAPI"]),
         .library(name: "OnboardingClient", targets: ["OnboardingClient"]),
+        // The services as libraries, and their shared plumbing: to run them in your own process.
+        .library(name: "ServiceRuntime", targets: ["ServiceRuntime"]),
+        .library(name: "AuthService", targets: ["AuthService"]),
+        .library(name: "ProfileService", targets: ["ProfileService"]),
+        .library(name: "ImageUploadService", targets: ["ImageUploadService"]),
+        .library(name: "OnboardingOrchestrator", targets: ["OnboardingOrchestrator"]),
+        // What tests of your own code need: the whole system in one process, stand-in services.
+        .library(name: "OnboardingTesting", targets: ["OnboardingTesting"]),
         .executable(name: "auth-service", targets: ["auth-service"]),
         .executable(name: "profile-service", targets: ["profile-service"]),
         .executable(name: "image-upload-service", targets: ["image-upload-service"]),
@@ -44,9 +52,11 @@ let package = Package(
     targets: [
         // MARK: Messaging
 
+        // No pkgConfig: Debian's libzmq.pc lists `-isystem /usr/include/mit-krb5` in its Cflags,
+        // which SwiftPM prohibits and warns about in every package that depends on this one.
+        // zmq.h is in /usr/include and the module map links "zmq", which is all it takes.
         .systemLibrary(
             name: "CZeroMQ",
-            pkgConfig: "libzmq",
             providers: [.apt(["libzmq3-dev"])]
         ),
         .target(
@@ -115,16 +125,22 @@ let package = Package(
         ),
         .executableTarget(name: "profile-service", dependencies: ["ProfileService"]),
 
-        // libvips (pkg-config `vips`; Debian's libvips-dev) decodes, strips and re-encodes every
-        // image. CVips wraps its variadic C calls in plain functions Swift can call.
+        // libvips (Debian's libvips-dev) decodes, strips and re-encodes every image. CVips wraps
+        // its variadic C calls in plain functions Swift can call. pkg-config `gobject-2.0`, not
+        // `vips`: libvips's headers are in /usr/include and need only GLib's, and the Cflags that
+        // `vips` pulls in (-pthread) are flags SwiftPM prohibits and warns about in every package
+        // that depends on this one. CVips links vips, gobject-2.0 and glib-2.0.
         .systemLibrary(
             name: "CLibVips",
-            pkgConfig: "vips",
+            pkgConfig: "gobject-2.0",
             providers: [.apt(["libvips-dev"])]
         ),
         .target(
             name: "CVips",
-            dependencies: ["CLibVips"]
+            dependencies: ["CLibVips"],
+            // What pkg-config `vips` would have linked; only C includes CLibVips, so nothing
+            // autolinks its module map.
+            linkerSettings: [.linkedLibrary("vips"), .linkedLibrary("gobject-2.0"), .linkedLibrary("glib-2.0")]
         ),
         .target(
             name: "ImageUploadService",
@@ -168,6 +184,22 @@ let package = Package(
         ),
         .executableTarget(name: "onboarding-tap", dependencies: ["ClientCommands"]),
         .executableTarget(name: "onboarding-client", dependencies: ["ClientCommands"]),
+
+        // MARK: The test kit (the whole system in one call, stand-in services; Examples/StubTesting uses it)
+
+        .target(
+            name: "OnboardingTesting",
+            dependencies: [
+                "OnboardingClient", "AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator",
+                "ServiceRuntime",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
+        .testTarget(
+            name: "OnboardingTestingTests",
+            dependencies: ["OnboardingTesting", "ZeroMQMessaging"]
+        ),
 
         // MARK: The chaos test (drives people through the compose deployment while killing services)
 
@@ -237,7 +269,7 @@ let package = Package(
             name: "SystemTests",
             dependencies: [
                 "OnboardingClient", "AuthService", "ProfileService", "ImageUploadService",
-                "OnboardingOrchestrator", "ZeroMQMessaging", "FuzzKit", "ImageFixtures",
+                "OnboardingOrchestrator", "ZeroMQMessaging", "FuzzKit", "ImageFixtures", "OnboardingTesting",
             ]
         ),
 

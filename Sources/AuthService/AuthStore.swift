@@ -87,33 +87,50 @@ struct AuthStore: SessionVerifier {
     /// Race-safe across tasks and processes: the insert yields to the UNIQUE(provider, subject)
     /// constraint, so simultaneous first sign-ins of one account all read back the same uid.
     func signIn(provider: Provider, subject: String, correlationId: String) async throws -> SignInResult {
-        let candidateUID = UUID().uuidString.lowercased()
-        let token = SessionToken.make()
         let outbox = self.outbox
         return try await withStore(database, logger: logger) { db in
-            let now = Timestamp.now()
-            try db.execute(
-                sql: """
-                    INSERT INTO account (uid, provider, subject, createdAt) VALUES (?, ?, ?, ?)
-                    ON CONFLICT (provider, subject) DO NOTHING
-                    """,
-                arguments: [candidateUID, provider.rawValue, subject, now])
-            let isNewAccount = db.changesCount > 0
+            try Self.signIn(provider: provider, subject: subject, correlationId: correlationId, outbox: outbox, in: db)
+        }
+    }
+
+    /// ``signIn(provider:subject:correlationId:)`` inside the caller's write transaction: auth's
+    /// hot path, many sign-ins to one transaction.
+    static func signIn(
+        provider: Provider, subject: String, correlationId: String, outbox: Outbox, in db: Database
+    ) throws -> SignInResult {
+        // Time-ordered: new accounts (and the orchestrator's people) go to the end of their
+        // tables' indexes.
+        let candidateUID = Identifier.timeOrdered()
+        let token = SessionToken.make()
+        let now = Timestamp.now()
+        try db.executeCached(
+            """
+            INSERT INTO account (uid, provider, subject, createdAt) VALUES (?, ?, ?, ?)
+            ON CONFLICT (provider, subject) DO NOTHING
+            """,
+            [candidateUID, provider.rawValue, subject, now])
+        let isNewAccount = db.changesCount > 0
+        let uid: String
+        if isNewAccount {
+            uid = candidateUID
+        } else {
             guard
-                let uid = try String.fetchOne(
-                    db, sql: "SELECT uid FROM account WHERE provider = ? AND subject = ?",
+                let existing = try String.fetchOne(
+                    db.cachedStatement(sql: "SELECT uid FROM account WHERE provider = ? AND subject = ?"),
                     arguments: [provider.rawValue, subject])
             else {
                 throw ServiceError(.internalError, "The account vanished while signing in; try again.")
             }
-            try db.execute(
-                sql: "INSERT INTO session (token, uid, createdAt) VALUES (?, ?, ?)",
-                arguments: [SessionToken.digest(token), uid, now])
-            try outbox.append(
-                SignedIn(uid: uid, provider: provider, isNewAccount: isNewAccount, sessions: try Self.liveSessions(of: uid, in: db)),
-                uid: uid, correlationId: correlationId, in: db)
-            return SignInResult(uid: uid, sessionToken: token, provider: provider, isNewAccount: isNewAccount)
+            uid = existing
         }
+        try db.executeCached(
+            "INSERT INTO session (token, uid, createdAt) VALUES (?, ?, ?)", [SessionToken.digest(token), uid, now])
+        // A new account has this one session; no need to count.
+        let sessions = isNewAccount ? 1 : try liveSessions(of: uid, in: db)
+        try outbox.append(
+            SignedIn(uid: uid, provider: provider, isNewAccount: isNewAccount, sessions: sessions),
+            uid: uid, correlationId: correlationId, in: db)
+        return SignInResult(uid: uid, sessionToken: token, provider: provider, isNewAccount: isNewAccount)
     }
 
     /// Ends the session of `token` and records `SignedOut`; a retry answers the same without
@@ -187,7 +204,7 @@ struct AuthStore: SessionVerifier {
         try await withStore(database, write: false, logger: logger) { db in try Self.uid(ofSession: token, in: db) }
     }
 
-    private static func uid(ofSession token: String, in db: Database) throws -> String {
+    static func uid(ofSession token: String, in db: Database) throws -> String {
         guard let uid = try liveUID(ofSession: token, in: db) else { throw unauthenticated }
         return uid
     }

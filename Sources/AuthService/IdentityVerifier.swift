@@ -17,19 +17,38 @@ public protocol IdentityVerifier: Sendable {
     func verify(provider: Provider, subject: String, idToken: String?) async throws -> String
 }
 
+/// A verifier that never waits (no network, no other service): auth then signs people in on its
+/// hot path, on the bus's own thread, many sign-ins to a transaction.
+public protocol ImmediateIdentityVerifier: IdentityVerifier {
+    /// Checks a sign-in at once; the same answers and errors as ``IdentityVerifier/verify(provider:subject:idToken:)``.
+    func verifyNow(provider: Provider, subject: String, idToken: String?) throws -> String
+}
+
+extension ImmediateIdentityVerifier {
+    public func verify(provider: Provider, subject: String, idToken: String?) async throws -> String {
+        try verifyNow(provider: provider, subject: subject, idToken: idToken)
+    }
+}
+
 /// Local development only: trusts the subject as sent, with or without an ID token.
 ///
 /// The subject is trimmed of surrounding white space and must then be 1 to
 /// ``maximumSubjectLength`` characters long. Never use this in production: anyone can sign in
 /// as anyone.
-public struct DevModeIdentityVerifier: IdentityVerifier {
+public struct DevModeIdentityVerifier: ImmediateIdentityVerifier {
     public static let maximumSubjectLength = 256
 
     public init() {}
 
     /// - Returns: the trimmed subject.
     /// - Throws: ``ServiceError`` `invalidRequest` when the subject is empty or too long.
-    public func verify(provider: Provider, subject: String, idToken: String?) async throws -> String {
+    public func verifyNow(provider: Provider, subject: String, idToken: String?) throws -> String {
+        // The usual subject (printable ASCII at both ends, short) needs no Unicode work.
+        if let first = subject.utf8.first, let last = subject.utf8.last, Self.isPrintableASCII(first),
+            Self.isPrintableASCII(last), subject.utf8.count <= Self.maximumSubjectLength
+        {
+            return subject
+        }
         let trimmed = subject.trimmingCharacters(in: .whitespacesAndNewlines)
         guard !trimmed.isEmpty else {
             throw ServiceError(.invalidRequest, "Field 'subject' is empty; send the provider account's id.")
@@ -43,9 +62,13 @@ public struct DevModeIdentityVerifier: IdentityVerifier {
     }
 }
 
+extension DevModeIdentityVerifier {
+    private static func isPrintableASCII(_ byte: UInt8) -> Bool { byte > 0x20 && byte < 0x7F }
+}
+
 /// What auth uses when dev mode is off and no real verifier was given: it refuses every sign-in.
-struct UnavailableIdentityVerifier: IdentityVerifier {
-    func verify(provider: Provider, subject: String, idToken: String?) async throws -> String {
+struct UnavailableIdentityVerifier: ImmediateIdentityVerifier {
+    func verifyNow(provider: Provider, subject: String, idToken: String?) throws -> String {
         throw ServiceError(
             .unauthenticated,
             "Verifying \(provider.rawValue) ID tokens is not built yet, so this auth service cannot sign anyone in. "

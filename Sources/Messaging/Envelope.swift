@@ -33,7 +33,7 @@ public struct EnvelopeHeader: Codable, Sendable, Hashable {
 
     public init(
         version: Int = EnvelopeHeader.currentVersion,
-        id: String = UUID().uuidString.lowercased(),
+        id: String = Identifier.random(),
         type: String,
         source: String,
         sequence: UInt64 = 0,
@@ -82,7 +82,7 @@ public struct Envelope<Payload: Codable & Sendable>: Codable, Sendable {
 
     /// The JSON bytes of this envelope.
     public func encoded() throws -> Data {
-        try WireFormat.encoder().encode(self)
+        try WireEncoder.encode(self)
     }
 }
 

@@ -9,17 +9,26 @@ import Synchronization
 /// `noResponder` at once, unanswered ones with `timeout`, and requests the server cannot read
 /// are answered by the bus with a typed error.
 ///
+/// **Joining takes a moment on ZeroMQ.** There a new subscription takes effect only once its
+/// connection is up and the publisher has heard of it (the "slow joiner"): events published
+/// meanwhile are not delivered. Here a subscription takes effect at once, unless `joinDelay`
+/// says otherwise: give it a few milliseconds to find code that relies on events published
+/// right after it subscribed (the contract tests do). `OnboardingClient.intents()` copes with
+/// both.
+///
 /// Thread safety: all state sits behind one mutex; every method may be called from any task.
 public final class InProcessBus: MessageBus {
     private struct Subscriber {
         var topics: [String]
-        var continuation: AsyncStream<Message>.Continuation
+        var continuation: AsyncStream<Message>.Continuation?
+        var handler: (@Sendable ([RawEvent]) -> Void)?
     }
 
     private struct Server {
         var id: UInt64
         var limits: MessageLimits
-        var continuation: AsyncStream<IncomingRequest>.Continuation
+        var continuation: AsyncStream<IncomingRequest>.Continuation?
+        var handler: (@Sendable ([RawRequest]) -> Void)?
     }
 
     private struct State {
@@ -36,12 +45,24 @@ public final class InProcessBus: MessageBus {
     }
 
     private let state = Mutex(State())
+    /// Where loop handlers run, as on the ZeroMQ bus's I/O thread.
+    private let loop: LoopThread
 
     /// The name this bus signs the errors it answers with.
     public let source: String
 
-    public init(source: String = "bus") {
+    /// How long a new subscription takes to take effect (see the type's notes); zero: at once.
+    public let joinDelay: Duration
+
+    /// - Parameters:
+    ///   - source: the name this bus signs the errors it answers with.
+    ///   - joinDelay: how long after ``subscribe(to:topics:limits:)`` returns its subscription
+    ///     (or ``subscribe(to:topics:limits:onLoop:)``'s) starts receiving events, as on
+    ///     ZeroMQ; zero (the default) for at once.
+    public init(source: String = "bus", joinDelay: Duration = .zero) {
         self.source = source
+        self.joinDelay = joinDelay
+        self.loop = LoopThread(name: "inproc-\(source)")
     }
 
     public var statistics: BusStatistics {
@@ -62,19 +83,39 @@ public final class InProcessBus: MessageBus {
     public func subscribe(to endpoints: [Endpoint], topics: [String], limits: MessageLimits) async throws -> AsyncStream<Message> {
         let (stream, continuation) = AsyncStream.makeStream(
             of: Message.self, bufferingPolicy: .bufferingOldest(limits.queueLimit))
-        let id = state.withLock { state in
-            let id = state.makeID()
-            for endpoint in endpoints {
-                state.subscribers[endpoint, default: [:]][id] = Subscriber(topics: topics, continuation: continuation)
+        let id = state.withLock { $0.makeID() }
+        let ended = Flag()
+        let join: @Sendable () -> Void = { [weak self] in
+            self?.state.withLock { state in
+                guard !ended.isSet else { return }
+                for endpoint in endpoints {
+                    state.subscribers[endpoint, default: [:]][id] = Subscriber(topics: topics, continuation: continuation)
+                }
             }
-            return id
         }
         continuation.onTermination = { [weak self] _ in
+            ended.set()
             self?.state.withLock { state in
                 for endpoint in endpoints { state.subscribers[endpoint]?[id] = nil }
             }
         }
+        if joinDelay == .zero {
+            join()
+        } else {
+            let delay = joinDelay
+            Task {
+                try? await Task.sleep(for: delay)
+                join()
+            }
+        }
         return stream
+    }
+
+    /// Set once a subscription has ended, so that a delayed join does not revive it.
+    private final class Flag: Sendable {
+        private let value = Atomic(false)
+        var isSet: Bool { value.load(ordering: .acquiring) }
+        func set() { value.store(true, ordering: .releasing) }
     }
 
     fileprivate func deliver(_ outgoing: OutgoingMessage, from endpoint: Endpoint) throws {
@@ -90,13 +131,19 @@ public final class InProcessBus: MessageBus {
             }
         }
         guard !receivers.isEmpty else { return }
+        let raw = RawEvent(topic: topic, body: outgoing.body, attachment: outgoing.attachment)
+        for receiver in receivers {
+            if let handler = receiver.handler { loop.submit { handler([raw]) } }
+        }
+        let streams = receivers.compactMap(\.continuation)
+        guard !streams.isEmpty else { return }
         guard let message = try? Message(topic: topic, body: outgoing.body, attachment: outgoing.attachment) else {
-            state.withLock { $0.statistics.unreadableEvents += receivers.count }
+            state.withLock { $0.statistics.unreadableEvents += streams.count }
             return
         }
         var dropped = 0
-        for receiver in receivers {
-            if case .dropped = receiver.continuation.yield(message) { dropped += 1 }
+        for stream in streams {
+            if case .dropped = stream.yield(message) { dropped += 1 }
         }
         if dropped > 0 {
             state.withLock { $0.statistics.droppedEvents += dropped }
@@ -174,6 +221,105 @@ public final class InProcessBus: MessageBus {
         }
     }
 
+    // MARK: The hot path
+
+    /// Binds a server whose requests `handler` answers on this bus's loop thread, one request
+    /// per call (see ``MessageBus/serve(at:limits:onLoop:)``).
+    public func serve(
+        at endpoint: Endpoint, limits: MessageLimits, onLoop handler: @escaping @Sendable ([RawRequest]) -> Void
+    ) async throws -> any BusLoopRegistration {
+        let id = try state.withLock { state in
+            guard state.servers[endpoint] == nil else {
+                throw ServiceError(.addressInUse, "A server is already bound at \(endpoint).")
+            }
+            let id = state.makeID()
+            state.servers[endpoint] = Server(id: id, limits: limits, handler: handler)
+            return id
+        }
+        return Registration { [weak self] in
+            self?.state.withLock { state in
+                if state.servers[endpoint]?.id == id { state.servers[endpoint] = nil }
+            }
+        }
+    }
+
+    /// Subscribes with a handler on this bus's loop thread, one event per call (see
+    /// ``MessageBus/subscribe(to:topics:limits:onLoop:)``).
+    public func subscribe(
+        to endpoints: [Endpoint], topics: [String], limits: MessageLimits,
+        onLoop handler: @escaping @Sendable ([RawEvent]) -> Void
+    ) async throws -> any BusLoopRegistration {
+        let id = state.withLock { $0.makeID() }
+        let ended = Flag()
+        // Joins after `joinDelay`, as a stream subscription does (the slow joiner).
+        let join: @Sendable () -> Void = { [weak self] in
+            self?.state.withLock { state in
+                guard !ended.isSet else { return }
+                for endpoint in endpoints {
+                    state.subscribers[endpoint, default: [:]][id] = Subscriber(topics: topics, handler: handler)
+                }
+            }
+        }
+        if joinDelay == .zero {
+            join()
+        } else {
+            let delay = joinDelay
+            Task {
+                try? await Task.sleep(for: delay)
+                join()
+            }
+        }
+        return Registration { [weak self] in
+            ended.set()
+            self?.state.withLock { state in
+                for endpoint in endpoints { state.subscribers[endpoint]?[id] = nil }
+            }
+        }
+    }
+
+    /// Runs `job` on this bus's loop thread (see ``MessageBus/perform(onLoop:)``).
+    @discardableResult
+    public func perform(onLoop job: @escaping @Sendable () -> Void) -> Bool {
+        loop.submit(job)
+        return true
+    }
+
+    /// Sends a request and hands the outcome to `callback` on this bus's loop thread (see
+    /// ``MessageBus/request(_:to:timeout:onLoop:)``).
+    public func request(
+        _ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration,
+        onLoop callback: @escaping @Sendable (Result<Message, ServiceError>) -> Void
+    ) {
+        let loop = self.loop
+        Task {
+            let result: Result<Message, ServiceError>
+            do {
+                result = .success(try await request(message, to: endpoint, timeout: timeout))
+            } catch {
+                result = .failure((error as? ServiceError) ?? ServiceError(.internalError, "\(error)"))
+            }
+            loop.submit { callback(result) }
+        }
+    }
+
+    private final class Registration: BusLoopRegistration {
+        private let onClose: Mutex<(@Sendable () -> Void)?>
+
+        init(onClose: @escaping @Sendable () -> Void) {
+            self.onClose = Mutex(onClose)
+        }
+
+        func close() {
+            let action = onClose.withLock { action in
+                defer { action = nil }
+                return action
+            }
+            action?()
+        }
+
+        deinit { close() }
+    }
+
     private func dispatch(_ outgoing: OutgoingMessage, to server: Server, pending: ReplyWaiter) {
         let source = self.source
         let answer: @Sendable (OutgoingMessage) -> Void = { [weak self] reply in
@@ -193,6 +339,12 @@ public final class InProcessBus: MessageBus {
             answer(Message.errorReply(violation, correlationId: nil, source: source))
             return
         }
+        if let handler = server.handler {
+            let raw = RawRequest(body: outgoing.body, attachment: outgoing.attachment, responder: answer)
+            loop.submit { handler([raw]) }
+            return
+        }
+        guard let continuation = server.continuation else { return }
         let message: Message
         do {
             message = try Message(body: outgoing.body, attachment: outgoing.attachment)
@@ -202,7 +354,7 @@ public final class InProcessBus: MessageBus {
             return
         }
         let request = IncomingRequest(message: message, responder: answer)
-        if case .dropped = server.continuation.yield(request) {
+        if case .dropped = continuation.yield(request) {
             state.withLock { $0.statistics.overloadedRequests += 1 }
             request.fail(ServiceError(.overloaded, "The service has too many requests in flight; try again shortly."), source: source)
         }

@@ -72,12 +72,29 @@ public struct Message: Sendable {
     public var body: Data
     /// The binary frame after the envelope, if there was one.
     public var attachment: Data?
+    /// The payload, when it was read with the header (see ``EnvelopeReader``): ``payload(as:)``
+    /// then returns it without reading the JSON again.
+    var preread: (any Sendable)?
 
     public init(topic: String? = nil, header: EnvelopeHeader, body: Data, attachment: Data? = nil) {
         self.topic = topic
         self.header = header
         self.body = body
         self.attachment = attachment
+    }
+
+    /// A message read by `reader` in one pass: header and, for the types it knows, payload.
+    ///
+    /// - Throws: the same errors as ``init(topic:body:attachment:)``, and for a known type the
+    ///   errors of ``payload(as:)``.
+    public init(topic: String? = nil, body: Data, attachment: Data? = nil, reader: EnvelopeReader) throws(ServiceError) {
+        self.init(topic: topic, read: try reader.read(body), body: body, attachment: attachment)
+    }
+
+    /// A message whose envelope `body` was read into `read`.
+    public init(topic: String? = nil, read: EnvelopeReader.Read, body: Data, attachment: Data? = nil) {
+        self.init(topic: topic, header: read.header, body: body, attachment: attachment)
+        self.preread = read.payload
     }
 
     /// Reads the header of a received envelope.
@@ -93,25 +110,28 @@ public struct Message: Sendable {
         }
         let header: EnvelopeHeader
         do {
-            header = try WireFormat.decoder().decode(EnvelopeHeader.self, from: body)
+            header = try WireDecoder.decode(EnvelopeHeader.self, from: body)
         } catch {
             throw ServiceError(.invalidMessage, "The message is not a JSON envelope: \(Self.explain(error))")
         }
-        guard header.version == EnvelopeHeader.currentVersion else {
-            throw ServiceError(
-                .unsupportedVersion,
-                "Envelope version \(header.version) is not supported; this service speaks version \(EnvelopeHeader.currentVersion)."
-            )
-        }
+        guard header.version == EnvelopeHeader.currentVersion else { throw Self.unsupported(header) }
         self.init(topic: topic, header: header, body: body, attachment: attachment)
+    }
+
+    static func unsupported(_ header: EnvelopeHeader) -> ServiceError {
+        ServiceError(
+            .unsupportedVersion,
+            "Envelope version \(header.version) is not supported; this service speaks version \(EnvelopeHeader.currentVersion)."
+        )
     }
 
     /// Decodes the payload as `Payload`.
     ///
     /// - Throws: ``ServiceError`` with `invalidMessage`, naming the field that is wrong.
     public func payload<Payload: Codable & Sendable>(as _: Payload.Type = Payload.self) throws(ServiceError) -> Payload {
+        if let preread = preread as? Payload { return preread }
         do {
-            return try WireFormat.decoder().decode(Envelope<Payload>.self, from: body).payload
+            return try WireDecoder.decode(Envelope<Payload>.self, from: body).payload
         } catch {
             throw ServiceError(
                 .invalidMessage, "The payload of a \(header.type) message is not valid: \(Self.explain(error))")
@@ -126,7 +146,7 @@ public struct Message: Sendable {
     }
 
     /// Whether the last byte of `body` that is not JSON whitespace is `}`.
-    private static func endsWithClosingBrace(_ body: Data) -> Bool {
+    static func endsWithClosingBrace(_ body: Data) -> Bool {
         body.last { ![0x20, 0x09, 0x0A, 0x0D].contains($0) } == UInt8(ascii: "}")
     }
 

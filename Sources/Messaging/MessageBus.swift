@@ -3,7 +3,8 @@ import Foundation
 /// Publish/subscribe and request/reply between processes (or within one, for tests).
 ///
 /// Two implementations exist: `ZeroMQBus` (module `ZeroMQMessaging`) for real deployments and
-/// ``InProcessBus`` for tests. One contract test suite runs against both, so they behave alike:
+/// ``InProcessBus`` for tests. One contract test suite runs against both (the in-process bus with
+/// its slow joiner on), so they keep the same contract:
 ///
 /// - **Events.** A publisher binds an endpoint; subscribers connect to one or more endpoints and
 ///   receive the messages whose topic starts with one of their topic prefixes. Delivery is
@@ -11,6 +12,16 @@ import Foundation
 ///   joined, and one that falls more than ``MessageLimits/queueLimit`` behind loses the newest
 ///   messages (counted in ``BusStatistics/droppedEvents``). Every event carries a per-publisher
 ///   sequence number so that a subscriber can see a gap and ask the publisher for what it missed.
+/// - **Joining is not instant.** ``subscribe(to:topics:limits:)`` returns before the
+///   subscription has joined: on ZeroMQ the connection and the subscription still have to reach
+///   the publisher (the "slow joiner"), so events published right after it returns may be lost,
+///   some or all of them. What holds on both buses: nothing published before `subscribe` is
+///   delivered; the events that arrive from one publisher arrive in the order it published them;
+///   once one has arrived, every later matching event of that publisher arrives too (within the
+///   queue limit, and while the connection lasts: a publisher that restarts is joined anew).
+///   ``InProcessBus`` joins at once unless its `joinDelay` says otherwise. Code that must not
+///   miss an event subscribes first and then fetches the current state (the zguide's Clone
+///   pattern, as `EventFeed` and `OnboardingClient.intents()` do).
 /// - **Requests.** A server binds an endpoint and answers requests; a caller sends a request and
 ///   gets the reply, or a ``ServiceError``: `timeout` when no reply came in time (the server may
 ///   or may not have acted), `noResponder` when nothing listens at the endpoint. A request that
@@ -48,6 +59,46 @@ public protocol MessageBus: Sendable {
 
     /// What the bus has counted so far.
     var statistics: BusStatistics { get }
+
+    /// Binds a request server at `endpoint` whose requests `handler` answers on the bus's own
+    /// thread, in batches: every request read from the endpoint in one pass, in arrival order.
+    ///
+    /// This is the hot path of a service (see `BusLoop.swift`): the handler reads each request
+    /// once, may commit the whole batch in one transaction, and answers; replies and events sent
+    /// during the call leave when it returns, in order. It must not wait for other services.
+    /// A request the bus cannot take (frames over the limits) is answered by the bus, as with
+    /// ``serve(at:limits:)``. The bus sets no bound on requests the handler leaves unanswered
+    /// (handed to other work): the handler bounds them, answering `overloaded` beyond its limit.
+    ///
+    /// - Throws: ``ServiceError`` with `addressInUse` or `invalidEndpoint`.
+    func serve(
+        at endpoint: Endpoint, limits: MessageLimits, onLoop handler: @escaping @Sendable ([RawRequest]) -> Void
+    ) async throws -> any BusLoopRegistration
+
+    /// Sends `message` to the server at `endpoint` and hands its reply (error replies included),
+    /// or the failure (`timeout`, `noResponder`, `messageTooLarge`, `closed`, `invalidMessage`),
+    /// to `callback` on the bus's own thread, once. Never blocks; called from a loop handler, the
+    /// request leaves when the handler returns. The callback must not wait for other services.
+    func request(
+        _ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration,
+        onLoop callback: @escaping @Sendable (Result<Message, ServiceError>) -> Void)
+
+    /// Runs `job` on the bus's own thread, after what is already queued there: the way into a
+    /// service's hot path from a task (a timer, a call's outcome). What the job sends leaves when
+    /// it returns.
+    ///
+    /// - Returns: `false` when the bus has shut down and the job will never run.
+    @discardableResult
+    func perform(onLoop job: @escaping @Sendable () -> Void) -> Bool
+
+    /// Connects to the publishers at `endpoints` and hands the events whose topic starts with one
+    /// of `topics` to `handler` on the bus's own thread, in batches, in arrival order. Delivery
+    /// is as with ``subscribe(to:topics:limits:)``: only what is published after the subscription
+    /// has joined. The handler must not wait for other services.
+    func subscribe(
+        to endpoints: [Endpoint], topics: [String], limits: MessageLimits,
+        onLoop handler: @escaping @Sendable ([RawEvent]) -> Void
+    ) async throws -> any BusLoopRegistration
 }
 
 /// Sends events from one bound endpoint.

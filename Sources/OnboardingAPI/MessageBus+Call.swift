@@ -22,16 +22,57 @@ extension MessageBus {
         attachment: Data? = nil,
         timeout: Duration = Defaults.requestTimeout
     ) async throws -> Request.Response {
+        let outgoing = try Self.outgoing(
+            request, source: source, uid: uid, sessionToken: sessionToken, serviceToken: serviceToken,
+            correlationId: correlationId, attachment: attachment)
+        return try Self.response(to: request, from: try await self.request(outgoing, to: endpoint, timeout: timeout), endpoint: endpoint)
+    }
+
+    /// ``call(_:to:source:uid:sessionToken:serviceToken:correlationId:attachment:timeout:)`` from
+    /// the bus's own thread: the response, or the error, goes to `callback` on that thread.
+    public func call<Request: APIRequest>(
+        _ request: Request,
+        to endpoint: Endpoint,
+        source: String,
+        uid: String? = nil,
+        serviceToken: String? = nil,
+        correlationId: String? = nil,
+        timeout: Duration = Defaults.requestTimeout,
+        onLoop callback: @escaping @Sendable (Result<Request.Response, ServiceError>) -> Void
+    ) {
+        let outgoing: OutgoingMessage
+        do {
+            outgoing = try Self.outgoing(
+                request, source: source, uid: uid, sessionToken: nil, serviceToken: serviceToken,
+                correlationId: correlationId, attachment: nil)
+        } catch {
+            callback(.failure(error))
+            return
+        }
+        self.request(outgoing, to: endpoint, timeout: timeout) { result in
+            callback(result.flatMap { reply in
+                Result { () throws(ServiceError) in try Self.response(to: request, from: reply, endpoint: endpoint) }
+            })
+        }
+    }
+
+    private static func outgoing<Request: APIRequest>(
+        _ request: Request, source: String, uid: String?, sessionToken: String?, serviceToken: String?,
+        correlationId: String?, attachment: Data?
+    ) throws(ServiceError) -> OutgoingMessage {
         let header = EnvelopeHeader(
             type: Request.type, source: source, correlationId: correlationId, uid: uid, sessionToken: sessionToken,
             serviceToken: serviceToken)
-        let outgoing: OutgoingMessage
         do {
-            outgoing = try OutgoingMessage(Envelope(header: header, payload: request), attachment: attachment)
+            return try OutgoingMessage(Envelope(header: header, payload: request), attachment: attachment)
         } catch {
             throw ServiceError(.invalidMessage, "The \(Request.type) request could not be encoded: \(error)")
         }
-        let reply = try await self.request(outgoing, to: endpoint, timeout: timeout)
+    }
+
+    private static func response<Request: APIRequest>(
+        to _: Request, from reply: Message, endpoint: Endpoint
+    ) throws(ServiceError) -> Request.Response {
         if let error = reply.serviceError { throw error }
         guard reply.header.type == Request.replyType else {
             throw ServiceError(

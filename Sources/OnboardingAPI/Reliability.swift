@@ -148,7 +148,7 @@ public enum IdempotencyKey {
     }
 
     /// A fresh key.
-    public static func make() -> String { UUID().uuidString.lowercased() }
+    public static func make() -> String { Identifier.random() }
 }
 
 // MARK: - Statistics

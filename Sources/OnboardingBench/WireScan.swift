@@ -155,7 +155,7 @@ enum ObservedIntent: UInt8, Sendable, CaseIterable, Codable {
     var label: String {
         switch self {
         case .presentProfileSetupSignedIn: "presentProfileSetup (signedIn)"
-        case .presentProfileSetupCheckRequested: "presentProfileSetup (checkRequested)"
+        case .presentProfileSetupCheckRequested: "presentProfileSetup (after a check)"
         case .dismissProfileCreated: "dismiss (profileCreated)"
         case .other: "another intent"
         }

@@ -8,17 +8,17 @@ import Synchronization
 
 /// Carries out the state machine's decisions and keeps them.
 ///
-/// **Decisions commit in batches.** Call outcomes and requests are queued; one loop takes
-/// whatever has queued up, feeds it to the machine inside a single write transaction, and stores
-/// in that same transaction the people it changed and the route intents it emitted (in the
-/// route outbox, which publishes them after the commit). Events come in batches already
-/// (``EventFeed`` hands over what has queued up) and commit the same way, straight from the
-/// feed, with the feed's cursor: an event's effects and the note that it was handled commit
-/// together. Under load one commit carries many decisions.
+/// **One way in: decisions commit on the bus's own thread, in batches.** Live events (from
+/// ``EventFeed``), "check me now" requests and profile-check answers arrive there already;
+/// everything else (events the feed fetched, timers, clean-up and set-up outcomes) is queued and
+/// handed to that thread with ``MessageBus/perform(onLoop:)``, which takes whatever has queued up
+/// at once. Each batch is fed to the machine inside one write transaction, which also stores the
+/// people it changed, the feeds' cursors and the route intents it emitted (in the route outbox,
+/// which publishes them after the commit). Under load one commit carries many decisions.
 ///
-/// The machine lives behind a mutex that only these write transactions take (GRDB runs one at a
-/// time). When a transaction rolls back, the next one first rebuilds the machine from the store,
-/// so memory never runs ahead of what is stored.
+/// The machine lives behind a mutex that only these write transactions take. When a
+/// transaction rolls back, the next one first rebuilds the machine from the store, so memory
+/// never runs ahead of what is stored.
 final class Engine: Sendable {
     let configuration: OnboardingOrchestrator.Configuration
     let bus: any MessageBus
@@ -30,8 +30,10 @@ final class Engine: Sendable {
     /// Set when a transaction that changed the machine rolled back: the next one starts the
     /// machine again from the store.
     private let stale = Atomic<Bool>(false)
-    private let queue = DecisionQueue()
-    private let waiters = Mutex<[OnboardingStateMachine.WaiterID: CheckedContinuation<Result<OnboardingStatus, ServiceError>, Never>]>([:])
+    /// Inputs waiting for the bus's thread, and whether a job to commit them is on its way there.
+    private let inbox = Mutex<(submissions: [Submission], scheduled: Bool, closed: Bool)>(([], false, false))
+    /// Who is told the outcome of each "check me now" under way.
+    private let waiters = Mutex<[OnboardingStateMachine.WaiterID: @Sendable (Result<OnboardingStatus, ServiceError>) -> Void]>([:])
     private let nextWaiter = Atomic<UInt64>(0)
     /// People whose set-up is running in this process (a set-up, or settling one).
     private let settingUp = Mutex<Set<String>>([])
@@ -50,20 +52,92 @@ final class Engine: Sendable {
 
     // MARK: Inputs
 
+    /// What one caller hands the machine: inputs, and what waits on their commit.
+    struct Submission: Sendable {
+        var inputs: [OnboardingStateMachine.Input]
+        /// The feed and sequence to store as handled, with these inputs.
+        var cursor: (String, UInt64)?
+        /// Resumed once the inputs have committed (or failed to).
+        var committed: CheckedContinuation<Void, any Error>?
+    }
+
     /// Queues `input`; its effects follow once the batch it joins has committed.
     func send(_ input: OnboardingStateMachine.Input) {
-        queue.submit(DecisionQueue.Submission(inputs: [input]))
+        enqueue(Submission(inputs: [input]))
     }
 
     /// Queues `inputs` and waits until they have committed.
     func sendAndWait(_ inputs: [OnboardingStateMachine.Input]) async throws {
         try await withCheckedThrowingContinuation { continuation in
-            queue.submit(DecisionQueue.Submission(inputs: inputs, committed: continuation))
+            enqueue(Submission(inputs: inputs, committed: continuation))
         }
     }
 
+    /// Queues `submission` for the bus's thread; one job there commits everything queued.
+    private func enqueue(_ submission: Submission) {
+        let (accepted, schedule) = inbox.withLock { inbox -> (Bool, Bool) in
+            guard !inbox.closed else { return (false, false) }
+            inbox.submissions.append(submission)
+            defer { inbox.scheduled = true }
+            return (true, !inbox.scheduled)
+        }
+        guard accepted else {
+            submission.committed?.resume(throwing: Self.stopping)
+            return
+        }
+        if schedule, !bus.perform(onLoop: { [self] in commitQueued() }) {
+            // The bus has shut down: nothing queued can commit any more.
+            for refused in takeQueued() { refused.committed?.resume(throwing: Self.stopping) }
+        }
+    }
+
+    /// On the bus's thread: commits everything queued, in one transaction.
+    private func commitQueued() {
+        let batch = takeQueued()
+        if !batch.isEmpty { try? commitNow(batch) }
+    }
+
+    private func takeQueued() -> [Submission] {
+        inbox.withLock { inbox in
+            defer {
+                inbox.submissions = []
+                inbox.scheduled = false
+            }
+            return inbox.submissions
+        }
+    }
+
+    /// Refuses what is queued from now on (``stopping``); what was queued still commits.
+    func stopTakingInputs() {
+        inbox.withLock { $0.closed = true }
+    }
+
+    /// Reads the events the engine handles in one pass, payload included.
+    static let eventReader: EnvelopeReader = {
+        var reader = EnvelopeReader()
+        reader.register(SignedIn.self, for: SignedIn.type)
+        reader.register(SignedOut.self, for: SignedOut.type)
+        reader.register(Withdrawn.self, for: Withdrawn.type)
+        reader.register(ProfileCreated.self, for: ProfileCreated.type)
+        reader.register(ProfileUpdated.self, for: ProfileUpdated.type)
+        reader.register(ProfileDeleted.self, for: ProfileDeleted.type)
+        return reader
+    }()
+
     /// An ``EventFeed`` handler: the events' inputs and the feed's new cursor commit together.
     func handle(_ events: [Message], from publisher: String, through sequence: UInt64) async throws {
+        try await withCheckedThrowingContinuation { continuation in
+            enqueue(Submission(inputs: inputs(from: events), cursor: (publisher, sequence), committed: continuation))
+        }
+    }
+
+    /// The hot path's ``EventFeed`` handler, on the bus's own thread: live events that follow
+    /// the cursor commit with it at once, and their intents are published after the commit.
+    func handleOnLoop(_ events: [Message], from publisher: String, through sequence: UInt64) throws {
+        try commitNow([Submission(inputs: inputs(from: events), cursor: (publisher, sequence))])
+    }
+
+    private func inputs(from events: [Message]) -> [OnboardingStateMachine.Input] {
         var inputs: [OnboardingStateMachine.Input] = []
         inputs.reserveCapacity(events.count)
         for event in events {
@@ -92,57 +166,49 @@ final class Engine: Sendable {
                 logger.warning("ignored an unreadable \(event.header.type) event from \(event.header.source): \(error)")
             }
         }
-        // Committed right here rather than through the queue: one hand-off less on the path from
-        // sign-in to intent. GRDB runs one write at a time, so this batch and the queue's are
-        // still applied in turn; under load a feed's batch holds every event already queued.
-        try await commit([DecisionQueue.Submission(inputs: inputs, cursor: (publisher, sequence))])
+        return inputs
     }
 
-    // MARK: The decision loop
-
-    /// Commits queued decisions until ``finishDeciding()`` has been called and the queue is empty.
-    func decide() async {
-        for await _ in queue.signal {
-            let batch = queue.take()
-            if !batch.isEmpty { try? await commit(batch) }
-        }
-        let rest = queue.take()
-        if !rest.isEmpty { try? await commit(rest) }
-    }
-
-    /// Lets ``decide()`` return once what is queued has committed.
-    func finishDeciding() {
-        queue.finish()
-    }
+    // MARK: Committing
 
     /// Applies `batch` to the machine and stores the outcome in one transaction, then carries
     /// out the actions. On failure everyone waiting on the batch is told, and the error rethrown.
-    private func commit(_ batch: [DecisionQueue.Submission]) async throws {
+    /// Called on the bus's thread.
+    private func commitNow(_ batch: [Submission]) throws {
         do {
-            let actions = try await database.write { [self] db in
+            let actions = try database.write { [self] db in
                 try machine.withLock { machine in try apply(batch, to: &machine, in: db) }
             }
-            for submission in batch { submission.committed?.resume() }
-            for action in actions { perform(action) }
+            committed(batch, actions)
         } catch {
-            if !(error is CancellationError) {
-                logger.error("could not store \(batch.count) decision(s): \(error); starting again from the store")
-            }
-            let failure = ServiceError(.storeUnavailable, "The orchestrator could not store a decision; try again.")
-            for submission in batch { submission.committed?.resume(throwing: failure) }
-            // The machine starts again from the store (see `apply`): what it was working on for
-            // waiting callers is gone, so they are told to ask again. Feeds resend their events.
-            let waiting = waiters.withLock { waiters in
-                defer { waiters = [:] }
-                return Array(waiters.values)
-            }
-            for continuation in waiting { continuation.resume(returning: .failure(failure)) }
-            throw error
+            try failed(batch, error)
         }
     }
 
+    private func committed(_ batch: [Submission], _ actions: [OnboardingStateMachine.Action]) {
+        for submission in batch { submission.committed?.resume() }
+        for action in actions { perform(action) }
+    }
+
+    /// Tells everyone waiting on `batch` (and on the machine's work) that it failed; rethrows.
+    private func failed(_ batch: [Submission], _ error: any Error) throws -> Never {
+        if !(error is CancellationError) {
+            logger.error("could not store \(batch.count) decision(s): \(error); starting again from the store")
+        }
+        let failure = ServiceError(.storeUnavailable, "The orchestrator could not store a decision; try again.")
+        for submission in batch { submission.committed?.resume(throwing: failure) }
+        // The machine starts again from the store (see `apply`): what it was working on for
+        // waiting callers is gone, so they are told to ask again. Feeds resend their events.
+        let waiting = waiters.withLock { waiters in
+            defer { waiters = [:] }
+            return Array(waiters.values)
+        }
+        for answer in waiting { answer(.failure(failure)) }
+        throw error
+    }
+
     private func apply(
-        _ batch: [DecisionQueue.Submission], to machine: inout OnboardingStateMachine, in db: Database
+        _ batch: [Submission], to machine: inout OnboardingStateMachine, in db: Database
     ) throws -> [OnboardingStateMachine.Action] {
         var later: [OnboardingStateMachine.Action] = []
         // Registered first, so that a rollback anywhere below (the rebuild included) is noticed.
@@ -203,13 +269,21 @@ final class Engine: Sendable {
     private func perform(_ action: OnboardingStateMachine.Action) {
         switch action {
         case .checkProfile(let uid, let check):
-            enqueue { engine in
-                do {
-                    let result = try await engine.call(GetProfile(), to: engine.configuration.profileRPC, uid: uid)
-                    engine.send(.profileChecked(uid: uid, check: check, exists: result.profile != nil, asOf: result.asOfSequence))
-                } catch {
-                    engine.send(.profileCheckFailed(uid: uid, check: check, error: Self.serviceError(error)))
-                }
+            // The hot path of a returning person: asked from the bus's thread, and the answer
+            // decided and committed there when it comes.
+            bus.call(
+                GetProfile(), to: configuration.profileRPC, source: source, uid: uid,
+                serviceToken: configuration.serviceToken, timeout: configuration.callTimeout
+            ) { [self] result in
+                let input: OnboardingStateMachine.Input =
+                    switch result {
+                    case .success(let found):
+                        .profileChecked(uid: uid, check: check, exists: found.profile != nil, asOf: found.asOfSequence)
+                    case .failure(let error):
+                        .profileCheckFailed(uid: uid, check: check, error: error)
+                    }
+                // Committed with the other answers that arrived together (one job on the loop).
+                send(input)
             }
         case .retryCheck(let uid, let check, let delay, let attempt, let error):
             logger.warning("profile check for \(uid) failed (\(error)); retry \(attempt) in \(delay)")
@@ -280,8 +354,8 @@ final class Engine: Sendable {
     }
 
     private func resume(_ waiter: OnboardingStateMachine.WaiterID, with result: Result<OnboardingStatus, ServiceError>) {
-        let continuation = waiters.withLock { $0.removeValue(forKey: waiter) }
-        continuation?.resume(returning: result)
+        let answer = waiters.withLock { $0.removeValue(forKey: waiter) }
+        answer?(result)
     }
 
     static func serviceError(_ error: any Error) -> ServiceError {
@@ -295,6 +369,20 @@ final class Engine: Sendable {
             source: source, sessions: sessions, serviceToken: configuration.serviceToken, logger: logger)
         dispatcher.on(CheckOnboarding.self, access: .session) { [self] _, context in
             try await check(uid: try context.requireUID())
+        }
+        // "Check me now" on the bus's thread: the session is verified from there, the request
+        // commits with its batch, and the answer goes out when the check's outcome commits.
+        dispatcher.onLoop(CheckOnboarding.self, access: .session, database: database) { [self] _, context, db, reply in
+            let uid = try context.requireUID()
+            let waiter = nextWaiter.wrappingAdd(1, ordering: .relaxed).newValue
+            let actions = try machine.withLock { machine in
+                try apply([Submission(inputs: [.checkRequested(uid: uid, waiter: waiter)])], to: &machine, in: db)
+            }
+            db.afterNextTransaction { _ in
+                self.waiters.withLock { $0[waiter] = { reply.send($0) } }
+                for action in actions { self.perform(action) }
+            }
+            return nil
         }
         dispatcher.on(SetUpProfile.self, access: .session, attachment: .optional) { [self] request, context in
             try await setUp(request, uid: try context.requireUID(), image: context.attachment, correlationId: context.message.header.id)
@@ -319,7 +407,7 @@ final class Engine: Sendable {
         let waiter = nextWaiter.wrappingAdd(1, ordering: .relaxed).newValue
         let result = await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
-                waiters.withLock { $0[waiter] = continuation }
+                waiters.withLock { $0[waiter] = { continuation.resume(returning: $0) } }
                 // Cancelled before the continuation was stored: onCancel found nothing to resume.
                 if Task.isCancelled {
                     resume(waiter, with: .failure(Self.stopping))
@@ -465,66 +553,6 @@ final class Engine: Sendable {
         switch error.code {
         case .timeout, .noResponder, .closed: return .dependency(service, error)
         default: return error
-        }
-    }
-}
-
-/// The engine's queue of decisions to commit: submitters append, the decision loop takes
-/// everything queued at once (group commit).
-final class DecisionQueue: Sendable {
-    struct Submission: Sendable {
-        var inputs: [OnboardingStateMachine.Input]
-        /// The feed and sequence to store as handled, with these inputs.
-        var cursor: (String, UInt64)?
-        /// Resumed once the inputs have committed (or failed to).
-        var committed: CheckedContinuation<Void, any Error>?
-
-        init(inputs: [OnboardingStateMachine.Input], cursor: (String, UInt64)? = nil, committed: CheckedContinuation<Void, any Error>? = nil) {
-            self.inputs = inputs
-            self.cursor = cursor
-            self.committed = committed
-        }
-    }
-
-    private struct State {
-        var pending: [Submission] = []
-        var finished = false
-    }
-
-    private let state = Mutex(State())
-    /// Yields whenever something has been queued (at most one wake-up waits), and ends after
-    /// ``finish()``.
-    let signal: AsyncStream<Void>
-    private let wake: AsyncStream<Void>.Continuation
-
-    init() {
-        (signal, wake) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
-    }
-
-    func submit(_ submission: Submission) {
-        let accepted = state.withLock { state -> Bool in
-            guard !state.finished else { return false }
-            state.pending.append(submission)
-            return true
-        }
-        if accepted {
-            wake.yield()
-        } else {
-            submission.committed?.resume(throwing: Engine.stopping)
-        }
-    }
-
-    /// Refuses new submissions; ``batches()`` ends once what was queued has been taken.
-    func finish() {
-        state.withLock { $0.finished = true }
-        wake.finish()
-    }
-
-    /// Everything queued since the last call.
-    func take() -> [Submission] {
-        state.withLock { state in
-            defer { state.pending = [] }
-            return state.pending
         }
     }
 }

@@ -90,7 +90,7 @@ public struct OnboardingOrchestrator: Service {
     }
 
     public func run() async throws {
-        try await withCheckpoints(path: configuration.databasePath, logger: logger) {
+        try await withCheckpoints(path: configuration.databasePath, writer: database, logger: logger) {
             try await withEventRetention(configuration.retention, database: database, logger: logger) {
                 try await serve()
             }
@@ -129,15 +129,17 @@ public struct OnboardingOrchestrator: Service {
             dispatcher: dispatcher, logger: logger, maxInFlight: 32)
 
         try await withThrowingDiscardingTaskGroup { group in
-            // Decisions commit in batches on one loop; it outlives everything that feeds it.
-            let decisions = Task { await engine.decide() }
-            // However this ends (a failure to start included), the decision loop ends with it.
-            defer { engine.finishDeciding() }
+            // However this ends (a failure to start included), the engine takes no more inputs;
+            // what it has queued commits on the bus's thread, which outlives this.
+            defer { engine.stopTakingInputs() }
             group.addTask { await Self.perform(work, atMost: Self.maximumConcurrentWork) }
             try await engine.resumeUnfinishedWork()
             for (name, feed) in feeds {
                 group.addTask {
-                    await feed.run(after: cursors[name] ?? 0) { events, through in
+                    await feed.run(
+                        after: cursors[name] ?? 0, reader: Engine.eventReader,
+                        onLoop: { events, through in try engine.handleOnLoop(events, from: name, through: through) }
+                    ) { events, through in
                         try await engine.handle(events, from: name, through: through)
                     }
                 }
@@ -148,8 +150,6 @@ public struct OnboardingOrchestrator: Service {
             try await server.run()
             workQueue.finish()
             group.cancelAll()
-            engine.finishDeciding()
-            await decisions.value
         }
     }
 }

@@ -189,7 +189,7 @@ public struct OnboardingStateMachine: Sendable {
     ///   lowercased UUID).
     public init(
         retryPolicy: RetryPolicy = RetryPolicy(), capacity: Int = 100_000,
-        newIntentID: @escaping @Sendable () -> String = { UUID().uuidString.lowercased() }
+        newIntentID: @escaping @Sendable () -> String = { Identifier.random() }
     ) {
         self.retryPolicy = retryPolicy
         self.capacity = max(1, capacity)

@@ -16,6 +16,19 @@ struct ProfileRequests: Sendable {
         dispatcher.on(GetProfile.self, access: .sessionOrService) { _, context in
             try await profile(of: context.requireUID())
         }
+        // Our services' look-ups (the orchestrator's checks) are answered on the bus's thread.
+        let cache = self.cache
+        dispatcher.onLoop(GetProfile.self, access: .sessionOrService, database: store.writer, writes: false) { _, context, db in
+            let uid = try context.requireUID()
+            switch cache.lookup(uid) {
+            case .hit(let answer):
+                return answer
+            case .miss(let ticket):
+                let answer = try ProfileStore.read(uid: uid, in: db)
+                cache.fill(uid, with: answer, ticket: ticket)
+                return answer
+            }
+        }
         dispatcher.on(CreateProfile.self, access: .service) { request, context in
             let created = try await store.createRecorded(
                 uid: context.requireUID(), username: request.username, imagePath: request.imagePath,

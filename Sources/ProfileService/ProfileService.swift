@@ -109,7 +109,7 @@ public struct ProfileService: Service {
             bus: bus, endpoint: configuration.rpc, limits: Self.rpcLimits,
             dispatcher: requests.dispatcher(sessions: sessions, serviceToken: configuration.serviceToken, logger: logger), logger: logger)
         try await withEventRetention(configuration.eventRetention, database: writer, logger: logger) {
-            try await withCheckpoints(path: configuration.databasePath, logger: logger) {
+            try await withCheckpoints(path: configuration.databasePath, writer: writer, logger: logger) {
                 try await server.run()
             }
         }

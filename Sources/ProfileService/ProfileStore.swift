@@ -109,12 +109,16 @@ public struct ProfileStore: Sendable {
     ///
     /// - Throws: `storeUnavailable`.
     public func read(uid: String) async throws(ServiceError) -> ProfileResult {
-        try await run(write: false) { db in
-            if let row = try ProfileRow.fetchOne(db, key: uid) {
-                return ProfileResult(profile: row.profile, asOfSequence: row.sequence)
-            }
-            return ProfileResult(profile: nil, asOfSequence: try Outbox.lastSequence(in: db))
+        try await run(write: false) { db in try Self.read(uid: uid, in: db) }
+    }
+
+    /// ``read(uid:)`` inside the caller's transaction (the hot path, on the bus's thread).
+    static func read(uid: String, in db: Database) throws -> ProfileResult {
+        let statement = try db.cachedStatement(sql: "SELECT * FROM \(ProfileRow.databaseTableName) WHERE uid = ?")
+        if let row = try ProfileRow.fetchOne(statement, arguments: [uid]) {
+            return ProfileResult(profile: row.profile, asOfSequence: row.sequence)
         }
+        return ProfileResult(profile: nil, asOfSequence: try Outbox.lastSequence(in: db))
     }
 
     /// Whether `username` could be claimed now, and if not, why.

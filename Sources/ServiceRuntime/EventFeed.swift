@@ -30,6 +30,11 @@ public final class EventFeed: Sendable {
     /// after a backoff.
     public typealias Handler = @Sendable (_ batch: [Message], _ through: UInt64) async throws -> Void
 
+    /// Handles a batch of live events on the bus's own thread (the hot path), then stores
+    /// `through` as the cursor, as ``Handler`` does, without waiting for anything but the
+    /// database. A failure hands the batch back to the ``Handler``, which retries.
+    public typealias LoopHandler = @Sendable (_ batch: [Message], _ through: UInt64) throws -> Void
+
     public let events: Endpoint
     public let replay: Endpoint
     public let topics: [String]
@@ -43,6 +48,8 @@ public final class EventFeed: Sendable {
     private let limits: MessageLimits
     private let logger: Logger
     private let shared: Mutex<FeedStatistics>
+    /// Who delivers live events now: the bus's thread (``LiveState/live``) or the follower task.
+    private let liveState = Mutex(LiveState())
 
     /// - Parameters:
     ///   - events: the publisher's event endpoint (PUB).
@@ -89,21 +96,36 @@ public final class EventFeed: Sendable {
     /// Failed `events.after` calls are retried with backoff for as long as it takes: the feed
     /// never skips an event it could still get. Only events the publisher has pruned are
     /// skipped; they are logged and counted in ``FeedStatistics/lost``.
-    public func run(after cursor: UInt64, handle: Handler) async {
+    ///
+    /// - Parameters:
+    ///   - reader: reads the live events' envelopes, payloads included for the types it knows,
+    ///     so that handlers read each event once.
+    ///   - onLoop: when given, live events that follow the cursor are handed to it on the bus's
+    ///     own thread as they arrive (the hot path: no hand-off to a task); everything else (a
+    ///     gap, a duplicate, a failure, catching up) goes through `handle` as before.
+    public func run(after cursor: UInt64, reader: EnvelopeReader = EnvelopeReader(), onLoop: LoopHandler? = nil, handle: Handler) async {
         var progress = FeedProgress(
             topics: topics, statistics: shared.withLock { statistics in
                 statistics.sequence = cursor
                 return statistics
             })
         while !Task.isCancelled {
-            guard let stream = await subscribe() else { return }
             let mailbox = LiveMailbox(capacity: limits.queueLimit)
+            if let onLoop {
+                guard let registration = await subscribeOnLoop(reader: reader, mailbox: mailbox, handle: onLoop) else { return }
+                await follow(mailbox, progress: &progress, loop: true, handle: handle)
+                registration.close()
+                progress = takeBackFromLoop(progress)
+                mailbox.finish()
+                continue
+            }
+            guard let stream = await subscribe() else { return }
             await withDiscardingTaskGroup { group in
                 group.addTask {
                     for await message in stream { mailbox.push(message) }
                     mailbox.finish()
                 }
-                await follow(mailbox, progress: &progress, handle: handle)
+                await follow(mailbox, progress: &progress, loop: false, handle: handle)
                 group.cancelAll()
             }
             if !Task.isCancelled {
@@ -112,13 +134,134 @@ public final class EventFeed: Sendable {
         }
     }
 
+    // MARK: The hot path
+
+    /// Who delivers the live events.
+    private struct LiveState: Sendable {
+        /// Whether the bus's thread delivers now.
+        var delivering = false
+        /// The bus's thread's progress: set while it delivers, and kept when it hands delivery
+        /// back, until the follower takes it.
+        var progress: FeedProgress?
+        /// The loop handed delivery back and the follower must fetch from the cursor first.
+        var needsCatchUp = false
+        /// When the loop last delivered: the follower's idle check waits for quiet.
+        var lastDelivery: ContinuousClock.Instant?
+        var mailbox: LiveMailbox?
+    }
+
+    /// Subscribes with a handler on the bus's thread, trying until it works. `nil` when cancelled.
+    private func subscribeOnLoop(reader: EnvelopeReader, mailbox: LiveMailbox, handle: @escaping LoopHandler) async -> (any BusLoopRegistration)? {
+        liveState.withLock { $0 = LiveState(mailbox: mailbox) }
+        return await subscribing {
+            try await bus.subscribe(to: [events], topics: [""], limits: limits) { [self] batch in
+                onLoop(batch, reader: reader, handle: handle)
+            }
+        }
+    }
+
+    /// On the bus's thread: delivers live events that follow the cursor, or hands them to the
+    /// follower (when it owns delivery, or on a gap, a duplicate or a failure).
+    private func onLoop(_ batch: [RawEvent], reader: EnvelopeReader, handle: LoopHandler) {
+        var messages: [Message] = []
+        messages.reserveCapacity(batch.count)
+        for raw in batch {
+            do {
+                messages.append(try Message(topic: raw.topic, body: raw.body, attachment: raw.attachment, reader: reader))
+            } catch {
+                logger.warning("an unreadable event from \(events) was dropped: \(error)")
+            }
+        }
+        guard !messages.isEmpty else { return }
+        liveState.withLock { state in
+            guard state.delivering, var progress = state.progress, let mailbox = state.mailbox else {
+                for message in messages { state.mailbox?.push(message) }
+                return
+            }
+            var pending = messages
+            let before = progress.cursor
+            let step = progress.planLive(&pending)
+            if step.through != before {
+                do {
+                    try handle(step.batch, step.through)
+                    progress.handled(step.batch.count, through: step.through, replayed: false)
+                    state.lastDelivery = .now
+                } catch {
+                    logger.error("handling live events up to \(step.through) from \(events) failed (\(error)); fetching them again")
+                    state.progress = progress
+                    state.delivering = false
+                    state.needsCatchUp = true
+                    shared.withLock { $0 = progress.statistics }
+                    mailbox.wake()
+                    return
+                }
+            }
+            state.progress = progress
+            shared.withLock { $0 = progress.statistics }
+            if step.gap != nil || step.duplicates > 0 {
+                // As on the follower's path: fetch what is missing (or check a reset) first.
+                state.delivering = false
+                state.needsCatchUp = true
+                for message in pending { mailbox.push(message) }
+                mailbox.wake()
+            }
+        }
+    }
+
+    /// Hands delivery to the bus's thread when nothing waits for the follower. Returns whether it did.
+    private func handToLoop(_ progress: FeedProgress, mailbox: LiveMailbox) -> Bool {
+        liveState.withLock { state in
+            guard !state.delivering, state.progress == nil, !state.needsCatchUp, mailbox.isEmpty else { return false }
+            state.progress = progress
+            state.delivering = true
+            return true
+        }
+    }
+
+    /// Takes delivery back from the bus's thread (if it has it), with the progress it made.
+    /// Returns the progress and whether the loop asked for a catch-up.
+    private func takeBackFromLoop(_ progress: FeedProgress) -> FeedProgress {
+        liveState.withLock { state in
+            defer {
+                state.progress = nil
+                state.delivering = false
+                state.needsCatchUp = false
+            }
+            return state.progress ?? progress
+        }
+    }
+
     // MARK: Following
 
     /// Catches up, then follows the live stream until it ends or the task is cancelled.
-    private func follow(_ mailbox: LiveMailbox, progress: inout FeedProgress, handle: Handler) async {
+    ///
+    /// With `loop`, whenever it is caught up with nothing queued it hands live delivery to the
+    /// bus's thread, and takes it back when that thread asks (a gap, a duplicate, a failure) or
+    /// when the stream has been quiet for the idle check.
+    private func follow(_ mailbox: LiveMailbox, progress: inout FeedProgress, loop: Bool, handle: Handler) async {
         guard await catchUp(&progress, handle: handle) else { return }
         var pending: [Message] = []
         while !Task.isCancelled {
+            if loop, pending.isEmpty, handToLoop(progress, mailbox: mailbox) {
+                // The bus's thread delivers until it hands back (a wake-up) or all is quiet.
+                waiting: while true {
+                    switch await mailbox.wait(timeout: idleCheck) {
+                    case .finished:
+                        return
+                    case .timedOut:
+                        if Task.isCancelled { return }
+                        let lastDelivery = liveState.withLock { $0.lastDelivery }
+                        if let lastDelivery, lastDelivery.duration(to: .now) < idleCheck { continue waiting }
+                        break waiting
+                    case .ready:
+                        break waiting
+                    }
+                }
+                progress = takeBackFromLoop(progress)
+                // Fetch what was missed (or check a quiet publisher), then what queued meanwhile.
+                guard await catchUp(&progress, handle: handle) else { return }
+                continue
+            }
             if pending.isEmpty {
                 switch await mailbox.wait(timeout: idleCheck) {
                 case .finished:
@@ -230,10 +373,15 @@ public final class EventFeed: Sendable {
 
     /// Subscribes to every topic at ``events``, trying until it works. `nil` when cancelled.
     private func subscribe() async -> AsyncStream<Message>? {
+        await subscribing { try await bus.subscribe(to: [events], topics: [""], limits: limits) }
+    }
+
+    /// Runs `subscribe` until it works, with backoff. `nil` when cancelled.
+    private func subscribing<T>(_ subscribe: () async throws -> T) async -> T? {
         var attempt = 0
         while !Task.isCancelled {
             do {
-                return try await bus.subscribe(to: [events], topics: [""], limits: limits)
+                return try await subscribe()
             } catch {
                 attempt += 1
                 let delay = retry.delay(attempt: attempt)
@@ -370,6 +518,8 @@ final class LiveMailbox: Sendable {
 
     private struct State {
         var messages: [Message] = []
+        /// A wake-up with nothing queued, kept until the next wait.
+        var woken = false
         var finished = false
         var waiter: (id: UInt64, continuation: CheckedContinuation<Wake, Never>)?
         var lastID: UInt64 = 0
@@ -394,6 +544,23 @@ final class LiveMailbox: Sendable {
         waiter?.resume(returning: .ready)
     }
 
+    /// Wakes the waiting task (or the next one to wait) with `ready`, even with nothing queued.
+    func wake() {
+        let waiter = state.withLock { state -> CheckedContinuation<Wake, Never>? in
+            guard let waiter = Self.takeWaiter(&state) else {
+                state.woken = true
+                return nil
+            }
+            return waiter
+        }
+        waiter?.resume(returning: .ready)
+    }
+
+    /// Whether no event is queued.
+    var isEmpty: Bool {
+        state.withLock { $0.messages.isEmpty }
+    }
+
     /// The live stream has ended.
     func finish() {
         let waiter = state.withLock { state -> CheckedContinuation<Wake, Never>? in
@@ -416,6 +583,10 @@ final class LiveMailbox: Sendable {
     /// (`finished`), or `timeout` passes or the task is cancelled (`timedOut`).
     func wait(timeout: Duration) async -> Wake {
         let (now, id) = state.withLock { state -> (Wake?, UInt64) in
+            if state.woken {
+                state.woken = false
+                return (.ready, 0)
+            }
             if !state.messages.isEmpty { return (.ready, 0) }
             if state.finished { return (.finished, 0) }
             state.lastID += 1
@@ -430,6 +601,10 @@ final class LiveMailbox: Sendable {
         return await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 let now = state.withLock { state -> Wake? in
+                    if state.woken {
+                        state.woken = false
+                        return .ready
+                    }
                     if !state.messages.isEmpty { return .ready }
                     if state.finished { return .finished }
                     if state.expiredThrough >= id { return .timedOut }

@@ -3,6 +3,7 @@ import GRDB
 import Logging
 import Messaging
 import OnboardingAPI
+import Synchronization
 
 /// A transactional outbox: an event is written in the same transaction as the change it reports,
 /// and published once that transaction commits.
@@ -16,6 +17,18 @@ import OnboardingAPI
 public final class Outbox: Sendable {
     public let source: String
     private let publisher: any EventPublisher
+    /// The events of the transaction under way, published together when it commits. One
+    /// transaction at a time writes (SQLite has one writer), so one list serves them all; one
+    /// observer per transaction, however many events it records (GRDB consults every observer
+    /// on every statement).
+    private let unpublished = Mutex(Unpublished())
+
+    private struct Unpublished {
+        var messages: [OutgoingMessage] = []
+        var observing = false
+        /// The next sequence number in the transaction under way, once known.
+        var next: UInt64?
+    }
 
     public init(source: String, publisher: any EventPublisher) {
         self.source = source
@@ -47,20 +60,40 @@ public final class Outbox: Sendable {
         let time = Timestamp.now()
         // The next number, read inside this write transaction (one writer at a time), so the row
         // is written once with its final envelope. AUTOINCREMENT keeps `sqlite_sequence` at the
-        // largest number ever used, pruned rows included.
-        let sequence = try Self.lastSequence(in: db) + 1
+        // largest number ever used, pruned rows included. Read once per transaction: later
+        // events of the same transaction count on from it (only this outbox writes the table).
+        let known = unpublished.withLock { $0.next }
+        let sequence = try known ?? (Self.lastSequence(in: db) + 1)
         let header = EnvelopeHeader(
             type: Event.type, source: source, sequence: sequence, time: time, correlationId: correlationId, uid: uid)
         let body = try Envelope(header: header, payload: event).encoded()
         try db.executeCached(
             "INSERT INTO outbox (sequence, type, topic, uid, envelope, createdAt) VALUES (?, ?, ?, ?, ?, ?)",
             [Int64(clamping: sequence), Event.type, topic, uid, body, time])
-        let publisher = self.publisher
-        db.afterNextTransaction { _ in
-            // Publishing only queues the message for the bus's I/O thread; it never blocks.
-            try? publisher.publish(OutgoingMessage(topic: topic, body: body))
+        let firstOfTransaction = unpublished.withLock { unpublished in
+            unpublished.messages.append(OutgoingMessage(topic: topic, body: body))
+            unpublished.next = sequence + 1
+            defer { unpublished.observing = true }
+            return !unpublished.observing
+        }
+        if firstOfTransaction {
+            db.afterNextTransaction(
+                onCommit: { [self] _ in
+                    // Publishing only queues each message for the bus's I/O thread; it never blocks.
+                    for message in takeUnpublished() { try? publisher.publish(message) }
+                },
+                onRollback: { [self] _ in _ = takeUnpublished() })
         }
         return sequence
+    }
+}
+
+extension Outbox {
+    private func takeUnpublished() -> [OutgoingMessage] {
+        unpublished.withLock { unpublished in
+            defer { unpublished = Unpublished() }
+            return unpublished.messages
+        }
     }
 }
 

@@ -61,10 +61,12 @@ public struct RequestDispatcher: Sendable {
     public typealias Handler = @Sendable (IncomingRequest) async -> Void
 
     public let source: String
-    private let sessions: (any SessionVerifier)?
-    private let serviceToken: String?
+    let sessions: (any SessionVerifier)?
+    let serviceToken: String?
     let logger: Logger
     private var handlers: [String: Handler] = [:]
+    /// Requests answered on the bus's own thread (see `LoopRoutes.swift`).
+    var loop = LoopRoutes()
     private let startedAt = Timestamp.now()
     /// How the service follows other services' events, for `health` replies.
     public var feedStatistics: (@Sendable () -> [FeedStatistics])?
@@ -88,7 +90,7 @@ public struct RequestDispatcher: Sendable {
     }
 
     /// Whether any route takes requests from our own services.
-    private var hasServiceRoutes = false
+    var hasServiceRoutes = false
 
     /// Adds the handler for requests of type `Request.type`.
     ///
@@ -111,14 +113,7 @@ public struct RequestDispatcher: Sendable {
         handlers[Request.type] = { incoming in
             do {
                 let message = incoming.message
-                switch (attachment, message.attachment) {
-                case (.none, .some):
-                    throw ServiceError(.unexpectedFrames, "\(Request.type) takes no binary frame; send the envelope alone.")
-                case (.required, .none):
-                    throw ServiceError(.unexpectedFrames, "\(Request.type) needs the data as a binary frame after the envelope.")
-                default:
-                    break
-                }
+                try attachment.check(message.attachment, type: Request.type)
                 let request = try message.payload(as: Request.self)
                 let uid = try await Self.resolveUID(
                     message: message, access: access, sessions: sessions, serviceToken: serviceToken)
@@ -149,35 +144,45 @@ public struct RequestDispatcher: Sendable {
             }
             return try await sessions.uid(forSessionToken: token)
         }
-        func checkServiceToken() throws {
-            if let serviceToken, !constantTimeEqual(message.header.serviceToken ?? "", serviceToken) {
-                throw ServiceError(
-                    .unauthenticated,
-                    "\(message.header.type) is for our own services only (it needs the service token). "
-                        + "Apps call it with the sessionToken from auth.signIn, where the request allows that.")
-            }
-        }
-        func namedByService() throws -> String {
-            try checkServiceToken()
-            guard let uid = message.header.uid, !uid.isEmpty else {
-                throw ServiceError(.invalidRequest, "This request must name a person in the envelope's uid.")
-            }
-            return uid
-        }
         switch access {
-        case .open: return message.header.uid
+        case .open, .service, .serviceWithoutUID:
+            return try resolveWithoutSession(header: message.header, access: access, serviceToken: serviceToken)
         case .session: return try await verifiedSession()
-        case .service: return try namedByService()
-        case .serviceWithoutUID:
-            try checkServiceToken()
-            return message.header.uid
         case .sessionOrService:
             if message.header.sessionToken != nil { return try await verifiedSession() }
-            if serviceToken == nil || message.header.serviceToken != nil { return try namedByService() }
+            if serviceToken == nil || message.header.serviceToken != nil {
+                return try resolveWithoutSession(header: message.header, access: .service, serviceToken: serviceToken)
+            }
             return try await verifiedSession()
         case .endingSession:
             _ = try presentToken()
             return nil
+        }
+    }
+
+    /// The uid of a request whose access needs no session to be verified: ``Access/open``,
+    /// ``Access/service`` or ``Access/serviceWithoutUID``.
+    static func resolveWithoutSession(header: EnvelopeHeader, access: Access, serviceToken: String?) throws(ServiceError) -> String? {
+        func checkServiceToken() throws(ServiceError) {
+            if let serviceToken, !constantTimeEqual(header.serviceToken ?? "", serviceToken) {
+                throw ServiceError(
+                    .unauthenticated,
+                    "\(header.type) is for our own services only (it needs the service token). "
+                        + "Apps call it with the sessionToken from auth.signIn, where the request allows that.")
+            }
+        }
+        switch access {
+        case .service:
+            try checkServiceToken()
+            guard let uid = header.uid, !uid.isEmpty else {
+                throw ServiceError(.invalidRequest, "This request must name a person in the envelope's uid.")
+            }
+            return uid
+        case .serviceWithoutUID:
+            try checkServiceToken()
+            return header.uid
+        default:
+            return header.uid
         }
     }
 
@@ -196,7 +201,7 @@ public struct RequestDispatcher: Sendable {
             return
         }
         guard let handler = handlers[type] else {
-            let known = ([HealthCheck.type] + handlers.keys).sorted().joined(separator: ", ")
+            let known = Set([HealthCheck.type] + handlers.keys + loop.types).sorted().joined(separator: ", ")
             request.fail(ServiceError(.unknownType, "\(source) does not answer \(type). It answers: \(known)."), source: source)
             return
         }

@@ -5,9 +5,12 @@ import Synchronization
 
 /// Serves a ``RequestDispatcher`` at an endpoint until graceful shutdown.
 ///
-/// - Each request is handled in a child task, so a slow handler does not hold up the others; at
-///   most ``maxInFlight`` run at once. Beyond that the server stops taking requests off the bus,
-///   whose queue then fills and answers the newest ones with `overloaded`.
+/// - Requests arrive on the bus's own thread, in batches. Those the dispatcher answers there
+///   (``RequestDispatcher/onLoop(_:access:database:writes:attachment:replyUID:_:)``, the hot
+///   path) are read, committed together and answered on that thread.
+/// - Every other request is handled in a child task, so a slow handler does not hold up the
+///   others; at most ``maxInFlight`` run at once. Beyond that they wait in a queue of
+///   ``MessageLimits/queueLimit``; when it is full the newest are answered with `overloaded`.
 /// - On graceful shutdown it takes no new work: requests that still arrive are answered with
 ///   `shuttingDown`. Once every request in flight has been answered, it unbinds the endpoint and
 ///   returns, so no reply is lost and nobody waits for one that will not come.
@@ -34,11 +37,38 @@ public struct RequestServer: Service {
     private struct Drained: Error {}
 
     public func run() async throws {
-        let requests = try await bus.serve(at: endpoint, limits: limits)
-        logger.info("\(dispatcher.source) answers requests at \(endpoint)")
-        dispatcher.warnIfTrustingEveryone()
         let (bus, dispatcher, source) = (self.bus, self.dispatcher, self.dispatcher.source)
         let work = InFlight(limit: maxInFlight)
+        let counts = RefusalCounts()
+        let (requests, intake) = AsyncStream.makeStream(
+            of: IncomingRequest.self, bufferingPolicy: .bufferingOldest(limits.queueLimit))
+        let shuttingDown = ServiceError(.shuttingDown, "\(source) is shutting down; try again in a moment.")
+        let overloaded = ServiceError(.overloaded, "The service has too many requests in flight; try again shortly.")
+        let registration = try await bus.serve(at: endpoint, limits: limits) { batch in
+            dispatcher.handleOnLoop(
+                batch, refusing: work.isDraining ? shuttingDown : nil,
+                rejected: { counts.value.withLock { $0.rejectedRequests += 1 } }
+            ) { request in
+                if case .dropped = intake.yield(request) {
+                    counts.value.withLock { $0.overloadedRequests += 1 }
+                    request.fail(overloaded, source: source)
+                }
+            }
+        }
+        defer {
+            registration.close()
+            intake.finish()
+        }
+        logger.info("\(dispatcher.source) answers requests at \(endpoint)")
+        dispatcher.warnIfTrustingEveryone()
+        /// The bus's counts with the requests this server refused itself.
+        let statistics: @Sendable () -> BusStatistics = {
+            var statistics = bus.statistics
+            let own = counts.value.withLock { $0 }
+            statistics.rejectedRequests += own.rejectedRequests
+            statistics.overloadedRequests += own.overloadedRequests
+            return statistics
+        }
         do {
             try await withGracefulShutdownHandler {
                 // Both the watcher and the accept loop are child tasks: when the watcher throws,
@@ -54,13 +84,11 @@ public struct RequestServer: Service {
                         await withDiscardingTaskGroup { handlers in
                             for await request in requests {
                                 guard await work.acquire() else {
-                                    request.fail(
-                                        ServiceError(.shuttingDown, "\(source) is shutting down; try again in a moment."),
-                                        source: source)
+                                    request.fail(shuttingDown, source: source)
                                     continue
                                 }
                                 handlers.addTask {
-                                    await dispatcher.handle(request, statistics: bus.statistics)
+                                    await dispatcher.handle(request, statistics: statistics())
                                     work.release()
                                 }
                             }
@@ -82,6 +110,11 @@ public struct RequestServer: Service {
     }
 }
 
+/// Requests a server refused itself, on the hot path (the bus counts the rest).
+final class RefusalCounts: Sendable {
+    let value = Mutex(BusStatistics())
+}
+
 /// Counts requests in flight, holds the accept loop back at the limit, and says when a
 /// draining server has nothing left in flight.
 ///
@@ -97,6 +130,11 @@ final class InFlight: Sendable {
 
     private let limit: Int
     private let state = Mutex(State())
+
+    /// Whether graceful shutdown has begun.
+    var isDraining: Bool {
+        state.withLock { $0.draining }
+    }
 
     init(limit: Int) {
         self.limit = limit

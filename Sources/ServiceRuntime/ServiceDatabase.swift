@@ -86,30 +86,47 @@ public func withStore<T: Sendable>(
 /// `interval`, on a connection and a thread of its own, and once more when `body` returns.
 ///
 /// Passive checkpoints never wait for readers or writers, so requests do not stall on them.
-/// Under steady writes they never quite catch up, and SQLite only rewinds the log once one has,
-/// so when the log passes `walLimit` bytes a truncating checkpoint runs: it holds writers back
-/// for as long as it takes (milliseconds), once per `walLimit` of writes.
+/// Under steady writes, though, they never quite catch up, and SQLite only starts the log over
+/// (rewriting it in place rather than growing it) once one has. So when the log passes
+/// `restartAfter` bytes and `writer` (the service's own connection) is given, the few frames
+/// written since the last checkpoint are copied on the writer's connection, between two of its
+/// transactions: the next transaction then starts the log over. That holds the writer back only
+/// for those few frames. Without `writer` (or when readers keep the log from starting over),
+/// a log past `walLimit` bytes is truncated, which holds writers back for as long as it takes.
 /// `path` `nil` (an in-memory database) runs `body` alone.
 public func withCheckpoints<T: Sendable>(
-    path: String?, every interval: Duration = .milliseconds(200), walLimit: Int = 64 * 1024 * 1024, logger: Logger,
+    path: String?, writer: (any DatabaseWriter)? = nil, every interval: Duration = .milliseconds(200),
+    restartAfter: Int = 16 * 1024 * 1024, walLimit: Int = 64 * 1024 * 1024, logger: Logger,
     _ body: () async throws -> T
 ) async throws -> T {
     guard let path else { return try await body() }
     var configuration = GRDB.Configuration()
     configuration.busyMode = .timeout(5)
     let connection = try DatabaseQueue(path: path, configuration: configuration)
-    let walPath = path + "-wal"
     @Sendable func checkpoint() async {
+        var mode = "passive"
         do {
-            _ = try await connection.writeWithoutTransaction { try $0.checkpoint(.passive) }
-            let walSize = ((try? FileManager.default.attributesOfItem(atPath: walPath))?[.size] as? Int) ?? 0
-            if walSize > walLimit {
+            // How much the log holds now (its file may be larger: SQLite reuses it in place).
+            let size = try await connection.writeWithoutTransaction { db in
+                let frames = try db.checkpoint(.passive).walFrameCount
+                let pageSize = try Int.fetchOne(db, sql: "PRAGMA page_size") ?? 4096
+                return max(0, frames) * (pageSize + 24)
+            }
+            if let writer, size > restartAfter {
+                // The tail, between two of the writer's transactions: the log starts over next.
+                mode = "passive, on the writer's connection"
+                _ = try await writer.writeWithoutTransaction { try $0.checkpoint(.passive) }
+            }
+            if size > walLimit {
+                mode = "truncate"
+                logger.warning(
+                    "the write-ahead log of \(path) is \(size / 1_048_576) MiB; truncating it holds writers back until it is done")
                 _ = try await connection.writeWithoutTransaction { try $0.checkpoint(.truncate) }
             }
         } catch is CancellationError {
             // Stopping: SQLite checkpoints once more when the last connection closes.
         } catch {
-            logger.error("checkpoint of \(path) failed: \(error); the write-ahead log keeps growing until one succeeds")
+            logger.warning("checkpoint (\(mode)) of \(path) failed: \(error); the write-ahead log grows until a later one succeeds")
         }
     }
     return try await withThrowingTaskGroup(of: Void.self) { group in

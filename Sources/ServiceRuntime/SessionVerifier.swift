@@ -8,8 +8,15 @@ public protocol SessionVerifier: Sendable {
     func uid(forSessionToken token: String) async throws -> String
 }
 
+/// A verifier that can also answer on the bus's own thread, for requests handled there.
+public protocol LoopSessionVerifier: SessionVerifier {
+    /// Hands the uid of `token`'s session, or the same errors as
+    /// ``SessionVerifier/uid(forSessionToken:)``, to `callback` on the bus's own thread.
+    func uid(forSessionToken token: String, onLoop callback: @escaping @Sendable (Result<String, ServiceError>) -> Void)
+}
+
 /// Asks auth (`auth.verifySession`) for every token.
-public struct RemoteSessionVerifier: SessionVerifier {
+public struct RemoteSessionVerifier: LoopSessionVerifier {
     public let bus: any MessageBus
     public let authEndpoint: Endpoint
     public let source: String
@@ -31,6 +38,14 @@ public struct RemoteSessionVerifier: SessionVerifier {
             throw error
         } catch let error as ServiceError {
             throw ServiceError.dependency("auth", error)
+        }
+    }
+
+    public func uid(forSessionToken token: String, onLoop callback: @escaping @Sendable (Result<String, ServiceError>) -> Void) {
+        bus.call(VerifySession(sessionToken: token), to: authEndpoint, source: source, timeout: timeout) { result in
+            callback(result.map(\.uid).mapError { error in
+                error.code == .unauthenticated ? error : ServiceError.dependency("auth", error)
+            })
         }
     }
 }

@@ -13,15 +13,15 @@ enum Command: Sendable {
     case closePublisher(id: UInt64)
     case subscribe(
         id: UInt64, endpoints: [Endpoint], topics: [String], limits: MessageLimits,
-        events: AsyncStream<Message>.Continuation, done: CheckedContinuation<Void, any Error>)
+        sink: SubscriberSink, done: CheckedContinuation<Void, any Error>)
     case closeSubscriber(id: UInt64)
     case serve(
-        id: UInt64, endpoint: Endpoint, limits: MessageLimits,
-        requests: AsyncStream<IncomingRequest>.Continuation, done: CheckedContinuation<Void, any Error>)
+        id: UInt64, endpoint: Endpoint, limits: MessageLimits, sink: ServerSink, done: CheckedContinuation<Void, any Error>)
     case closeServer(id: UInt64)
     case reply(serverID: UInt64, route: [Data], message: OutgoingMessage)
     case request(OutgoingRequest)
     case cancelRequest(id: UInt64)
+    case run(@Sendable () -> Void)
     case shutdown
 }
 
@@ -33,18 +33,22 @@ struct OutgoingRequest: Sendable {
     var timeout: Duration
     /// Monotonic nanoseconds (see ``monotonicNanoseconds()``).
     var deadline: UInt64
-    var waiter: ReplyWaiter
+    var waiter: ReplySink
 }
 
 /// The mailbox between async callers and the I/O thread, plus the counters both sides read.
 ///
 /// Threading: every method may be called from any thread and never blocks beyond a short mutex
-/// hold, except ``takeCommands()``, which only the I/O thread calls. Producers append under the
-/// mutex and write the eventfd only when no wake-up is already pending, so a burst of commands
-/// costs one `write(2)`.
+/// hold, except ``takeCommands()`` and ``takeLocalCommands()``, which only the I/O thread calls.
+/// Producers append under the mutex and write the eventfd only when no wake-up is already
+/// pending, so a burst of commands costs one `write(2)`. Commands submitted on the I/O thread
+/// itself (replies and events from a loop handler) wake nothing: the loop takes them as soon as
+/// the handler returns.
 final class CommandQueue: Sendable {
     private struct State {
         var commands: [Command] = []
+        /// Commands submitted on the I/O thread, taken right after the handler that made them.
+        var local: [Command] = []
         var wakePending = false
         var accepting = true
         var terminated = false
@@ -53,6 +57,8 @@ final class CommandQueue: Sendable {
 
     private let state = Mutex(State())
     private let nextID = Atomic<UInt64>(0)
+    /// The I/O thread's `pthread_t` (0 until it starts).
+    private let loopThread = Atomic<UInt>(0)
     /// Non-blocking eventfd the I/O thread polls next to its sockets. Closed in `deinit`, when no
     /// producer can be left to write to it.
     let wakeFD: Int32
@@ -72,11 +78,21 @@ final class CommandQueue: Sendable {
         nextID.wrappingAdd(1, ordering: .relaxed).newValue
     }
 
+    /// I/O thread only, once, first: makes it the thread whose commands need no wake-up.
+    func adoptLoopThread() {
+        loopThread.store(UInt(pthread_self()), ordering: .releasing)
+    }
+
     /// Queues `command` for the I/O thread. Returns `false` once the bus is shutting down.
     @discardableResult
     func submit(_ command: Command) -> Bool {
+        let onLoop = UInt(pthread_self()) == loopThread.load(ordering: .acquiring)
         let (accepted, wake) = state.withLock { state -> (Bool, Bool) in
             guard state.accepting else { return (false, false) }
+            if onLoop {
+                state.local.append(command)
+                return (true, false)
+            }
             state.commands.append(command)
             if state.wakePending { return (true, false) }
             state.wakePending = true
@@ -116,6 +132,14 @@ final class CommandQueue: Sendable {
             state.commands = []
             state.commands.reserveCapacity(commands.count)
             return commands
+        }
+    }
+
+    /// I/O thread only: the commands it submitted itself since the last call.
+    func takeLocalCommands() -> [Command] {
+        state.withLock { state in
+            defer { state.local = [] }
+            return state.local
         }
     }
 

@@ -21,14 +21,14 @@ final class IOLoop: @unchecked Sendable {
 
     private struct Subscriber {
         var socket: Socket
-        var events: AsyncStream<Message>.Continuation
+        var sink: SubscriberSink
     }
 
     private struct Server {
         var socket: Socket
         var endpoint: Endpoint
         var limits: MessageLimits
-        var requests: AsyncStream<IncomingRequest>.Continuation
+        var sink: ServerSink
     }
 
     private struct Dealer {
@@ -40,7 +40,7 @@ final class IOLoop: @unchecked Sendable {
     private struct Pending {
         var endpoint: Endpoint
         var timeout: Duration
-        var waiter: ReplyWaiter
+        var waiter: ReplySink
         var deadline: UInt64
         /// While queued: the message, and when to give up with `noResponder`.
         var unsent: OutgoingMessage?
@@ -106,6 +106,7 @@ final class IOLoop: @unchecked Sendable {
     static let receiveBudget = 256
 
     func run() {
+        queue.adoptLoopThread()
         // Whether some socket was left with messages unread because it used up its budget. Then
         // the next poll must not wait: it only collects what is ready and the loop carries on.
         // (zmq_poll re-reads ZMQ_EVENTS of every socket before it waits, so it would come back
@@ -145,6 +146,8 @@ final class IOLoop: @unchecked Sendable {
                     for command in queue.takeCommands() { perform(command) }
                 }
             }
+            // Anything submitted on this thread outside a loop handler (none today) goes out too.
+            for command in queue.takeLocalCommands() { perform(command) }
             let after = monotonicNanoseconds()
             expireDeadlines(now: after)
             retireServers(now: after)
@@ -189,16 +192,16 @@ final class IOLoop: @unchecked Sendable {
             if let publisher = publishers.removeValue(forKey: id) {
                 close(publisher.socket, linger: Self.flushLinger, what: "publisher at \(publisher.endpoint)")
             }
-        case .subscribe(let id, let endpoints, let topics, let limits, let events, let done):
-            subscribe(id: id, endpoints: endpoints, topics: topics, limits: limits, events: events, done: done)
+        case .subscribe(let id, let endpoints, let topics, let limits, let sink, let done):
+            subscribe(id: id, endpoints: endpoints, topics: topics, limits: limits, sink: sink, done: done)
         case .closeSubscriber(let id):
             if let subscriber = subscribers.removeValue(forKey: id) {
                 close(subscriber.socket, linger: 0, what: "subscriber")
-                subscriber.events.finish()
+                subscriber.sink.finish()
                 pollDirty = true
             }
-        case .serve(let id, let endpoint, let limits, let requests, let done):
-            serve(id: id, endpoint: endpoint, limits: limits, requests: requests, done: done)
+        case .serve(let id, let endpoint, let limits, let sink, let done):
+            serve(id: id, endpoint: endpoint, limits: limits, sink: sink, done: done)
         case .closeServer(let id):
             // Replies handed over before the stream ended were queued before this command, so
             // they are on the socket now. Closing it at once would cut the connections while
@@ -206,7 +209,7 @@ final class IOLoop: @unchecked Sendable {
             // not the last bytes in flight), so the socket stays open, unread, for a short
             // grace, and then closes with a linger as well.
             if let server = servers.removeValue(forKey: id) {
-                server.requests.finish()
+                server.sink.finish()
                 retiring.append((server.socket, server.endpoint, monotonicNanoseconds() + Self.retireGrace))
                 pollDirty = true
             }
@@ -222,6 +225,8 @@ final class IOLoop: @unchecked Sendable {
             // The caller's waiter is already resumed with CancellationError; forget the entry so
             // a reply that still comes counts as late.
             pending.removeValue(forKey: id)
+        case .run(let job):
+            runOnLoop(job)
         case .shutdown:
             stopping = true
         }
@@ -299,7 +304,7 @@ final class IOLoop: @unchecked Sendable {
 
     private func subscribe(
         id: UInt64, endpoints: [Endpoint], topics: [String], limits: MessageLimits,
-        events: AsyncStream<Message>.Continuation, done: CheckedContinuation<Void, any Error>
+        sink: SubscriberSink, done: CheckedContinuation<Void, any Error>
     ) {
         do {
             let socket = try openSocket(ZMQ_SUB) { socket throws(ServiceError) in
@@ -307,11 +312,11 @@ final class IOLoop: @unchecked Sendable {
                 for topic in topics { try socket.subscribe(topic) }
                 for endpoint in endpoints { try socket.connect(endpoint) }
             }
-            subscribers[id] = Subscriber(socket: socket, events: events)
+            subscribers[id] = Subscriber(socket: socket, sink: sink)
             pollDirty = true
             done.resume()
         } catch {
-            events.finish()
+            sink.finish()
             done.resume(throwing: error)
         }
     }
@@ -319,6 +324,10 @@ final class IOLoop: @unchecked Sendable {
     /// Reads up to ``receiveBudget`` events. Returns `false` when it stopped with more waiting.
     private func drainSubscriber(_ id: UInt64) -> Bool {
         guard let subscriber = subscribers[id] else { return true }
+        var batch: [RawEvent] = []
+        defer {
+            if case .loop(let handler) = subscriber.sink, !batch.isEmpty { runOnLoop { handler(batch) } }
+        }
         for _ in 0..<Self.receiveBudget {
             switch subscriber.socket.receive(into: &frames, scratch: scratch) {
             case .empty: return true
@@ -326,26 +335,58 @@ final class IOLoop: @unchecked Sendable {
                 logger.warning("Receiving an event failed", metadata: ["error": "\(zmqErrorText(code))"])
                 return true
             case .message:
-                guard frames.count == 2 || frames.count == 3,
-                    let topic = String(validating: frames[0], as: UTF8.self),
-                    let message = try? Message(topic: topic, body: frames[1], attachment: frames.count == 3 ? frames[2] : nil)
+                guard frames.count == 2 || frames.count == 3, let topic = String(validating: frames[0], as: UTF8.self)
                 else {
                     queue.count { $0.unreadableEvents += 1 }
                     continue
                 }
-                if case .dropped = subscriber.events.yield(message) {
-                    queue.count { $0.droppedEvents += 1 }
+                switch subscriber.sink {
+                case .loop:
+                    batch.append(RawEvent(topic: topic, body: frames[1], attachment: frames.count == 3 ? frames[2] : nil))
+                case .stream(let events):
+                    guard let message = try? Message(topic: topic, body: frames[1], attachment: frames.count == 3 ? frames[2] : nil)
+                    else {
+                        queue.count { $0.unreadableEvents += 1 }
+                        continue
+                    }
+                    if case .dropped = events.yield(message) {
+                        queue.count { $0.droppedEvents += 1 }
+                    }
                 }
             }
         }
         return false
     }
 
+    /// Hands `result` to a caller's waiter, or runs a loop caller's callback here. Returns `false`
+    /// when the waiter had already finished (a late reply).
+    private func deliver(_ result: Result<Message, any Error>, to sink: ReplySink) -> Bool {
+        switch sink {
+        case .waiter(let waiter):
+            return waiter.finish(result)
+        case .loop(let callback):
+            let answer = result.mapError { error -> ServiceError in
+                (error as? ServiceError) ?? ServiceError(.internalError, "\(error)")
+            }
+            runOnLoop { callback(answer) }
+            return true
+        }
+    }
+
+    private func finisher(_ sink: ReplySink) -> (Result<Message, any Error>) -> Void {
+        { result in _ = self.deliver(result, to: sink) }
+    }
+
+    /// Runs a loop handler, then sends what it queued (replies, events) before anything else.
+    private func runOnLoop(_ handler: () -> Void) {
+        handler()
+        for command in queue.takeLocalCommands() { perform(command) }
+    }
+
     // MARK: Serving
 
     private func serve(
-        id: UInt64, endpoint: Endpoint, limits: MessageLimits,
-        requests: AsyncStream<IncomingRequest>.Continuation, done: CheckedContinuation<Void, any Error>
+        id: UInt64, endpoint: Endpoint, limits: MessageLimits, sink: ServerSink, done: CheckedContinuation<Void, any Error>
     ) {
         // A server retiring at this endpoint gives way to the new one now.
         for server in retiring where server.endpoint == endpoint {
@@ -359,11 +400,11 @@ final class IOLoop: @unchecked Sendable {
                 try socket.set(ZMQ_SNDHWM, Int32(clamping: configuration.replyHighWaterMark))
                 try socket.bind(endpoint)
             }
-            servers[id] = Server(socket: socket, endpoint: endpoint, limits: limits, requests: requests)
+            servers[id] = Server(socket: socket, endpoint: endpoint, limits: limits, sink: sink)
             pollDirty = true
             done.resume()
         } catch {
-            requests.finish()
+            sink.finish()
             done.resume(throwing: error)
         }
     }
@@ -371,6 +412,10 @@ final class IOLoop: @unchecked Sendable {
     /// Reads up to ``receiveBudget`` requests. Returns `false` when it stopped with more waiting.
     private func drainServer(_ id: UInt64) -> Bool {
         guard let server = servers[id] else { return true }
+        var batch: [RawRequest] = []
+        defer {
+            if case .loop(let handler) = server.sink, !batch.isEmpty { runOnLoop { handler(batch) } }
+        }
         for _ in 0..<Self.receiveBudget {
             switch server.socket.receive(into: &frames, scratch: scratch) {
             case .empty: return true
@@ -378,14 +423,14 @@ final class IOLoop: @unchecked Sendable {
                 logger.warning("Receiving a request failed", metadata: ["error": "\(zmqErrorText(code))"])
                 return true
             case .message:
-                handleRequest(frames, on: server, serverID: id)
+                handleRequest(frames, on: server, serverID: id, batch: &batch)
             }
         }
         return false
     }
 
     /// `frames` is [peer identity, routing frames..., empty delimiter, JSON, attachment?].
-    private func handleRequest(_ frames: [Data], on server: Server, serverID: UInt64) {
+    private func handleRequest(_ frames: [Data], on server: Server, serverID: UInt64, batch: inout [RawRequest]) {
         guard frames.count > 1, let delimiter = frames[1...].firstIndex(where: \.isEmpty) else {
             // No delimiter: answer as a plain DEALER would expect, [empty, error], and count it.
             queue.count { $0.rejectedRequests += 1 }
@@ -410,16 +455,23 @@ final class IOLoop: @unchecked Sendable {
             {
                 throw violation
             }
+            if case .loop = server.sink {
+                // Read by the handler, once.
+                let responder = Responder(queue: queue, serverID: serverID, route: route)
+                batch.append(RawRequest(body: body, attachment: attachment) { reply in responder.send(reply) })
+                return
+            }
             message = try Message(body: body, attachment: attachment)
         } catch {
             queue.count { $0.rejectedRequests += 1 }
             sendReply(on: server, route: route, message: Message.errorReply(error, correlationId: nil, source: source))
             return
         }
+        guard case .stream(let requests) = server.sink else { return }
 
         let responder = Responder(queue: queue, serverID: serverID, route: route)
         let request = IncomingRequest(message: message) { reply in responder.send(reply) }
-        switch server.requests.yield(request) {
+        switch requests.yield(request) {
         case .enqueued:
             break
         case .dropped:
@@ -461,8 +513,9 @@ final class IOLoop: @unchecked Sendable {
 
     private func startRequest(_ request: OutgoingRequest) {
         guard !request.waiter.isFinished else { return }
+        let finish = finisher(request.waiter)
         let now = monotonicNanoseconds()
-        guard let socket = dealer(for: request.endpoint, failing: request.waiter) else { return }
+        guard let socket = dealer(for: request.endpoint, failing: finish) else { return }
         var entry = Pending(
             endpoint: request.endpoint, timeout: request.timeout, waiter: request.waiter, deadline: request.deadline)
         if dealers[request.endpoint]?.backlog.isEmpty ?? true {
@@ -474,8 +527,7 @@ final class IOLoop: @unchecked Sendable {
             case .wouldBlock:
                 break
             case .failed(let code):
-                request.waiter.finish(
-                    .failure(ServiceError(.internalError, "Cannot send to \(request.endpoint): \(zmqErrorText(code)).")))
+                finish(.failure(ServiceError(.internalError, "Cannot send to \(request.endpoint): \(zmqErrorText(code)).")))
                 return
             }
         }
@@ -489,7 +541,7 @@ final class IOLoop: @unchecked Sendable {
     }
 
     /// The DEALER for `endpoint`, created and connected on first use.
-    private func dealer(for endpoint: Endpoint, failing waiter: ReplyWaiter) -> Socket? {
+    private func dealer(for endpoint: Endpoint, failing finish: (Result<Message, any Error>) -> Void) -> Socket? {
         if let dealer = dealers[endpoint] { return dealer.socket }
         let socket: Socket
         do {
@@ -503,7 +555,7 @@ final class IOLoop: @unchecked Sendable {
                 try socket.connect(endpoint)
             }
         } catch {
-            waiter.finish(.failure(error))
+            finish(.failure(error))
             return nil
         }
         dealers[endpoint] = Dealer(socket: socket)
@@ -533,7 +585,7 @@ final class IOLoop: @unchecked Sendable {
             sentCount += 1
             if case .failed(let code) = result {
                 pending[id] = nil
-                entry.waiter.finish(
+                finisher(entry.waiter)(
                     .failure(ServiceError(.internalError, "Cannot send to \(endpoint): \(zmqErrorText(code)).")))
                 continue
             }
@@ -550,6 +602,14 @@ final class IOLoop: @unchecked Sendable {
     /// Reads up to ``receiveBudget`` replies. Returns `false` when it stopped with more waiting.
     private func drainDealer(_ endpoint: Endpoint) -> Bool {
         guard let dealer = dealers[endpoint] else { return true }
+        // Replies for loop callers are handed over together, in one turn of the loop, so that
+        // what they queue (a commit, say) is done once for all of them.
+        var callbacks: [(callback: @Sendable (Result<Message, ServiceError>) -> Void, result: Result<Message, ServiceError>)] = []
+        defer {
+            if !callbacks.isEmpty {
+                runOnLoop { for (callback, result) in callbacks { callback(result) } }
+            }
+        }
         for _ in 0..<Self.receiveBudget {
             switch dealer.socket.receive(into: &frames, scratch: scratch) {
             case .empty: return true
@@ -567,7 +627,11 @@ final class IOLoop: @unchecked Sendable {
                     continue
                 }
                 let result = Result<Message, any Error> { try Message(body: frames[2], attachment: frames.count == 4 ? frames[3] : nil) }
-                if !entry.waiter.finish(result) {
+                if case .loop(let callback) = entry.waiter {
+                    callbacks.append((callback, result.mapError { ($0 as? ServiceError) ?? ServiceError(.internalError, "\($0)") }))
+                    continue
+                }
+                if !deliver(result, to: entry.waiter) {
                     queue.count { $0.lateReplies += 1 }
                 }
             }
@@ -583,11 +647,11 @@ final class IOLoop: @unchecked Sendable {
             if entry.unsent != nil, entry.sendBy <= now {
                 pending[next.id] = nil
                 touchedDealers.insert(entry.endpoint)
-                entry.waiter.finish(
+                finisher(entry.waiter)(
                     .failure(ServiceError(.noResponder, "Nothing answers at \(entry.endpoint). Is the service running?")))
             } else if entry.unsent == nil, entry.deadline <= now {
                 pending[next.id] = nil
-                entry.waiter.finish(
+                finisher(entry.waiter)(
                     .failure(ServiceError(.timeout, "No reply from \(entry.endpoint) within \(entry.timeout).")))
             }
         }
@@ -612,8 +676,8 @@ final class IOLoop: @unchecked Sendable {
         for server in retiring { close(server.socket, linger: Self.flushLinger, what: "server at \(server.endpoint)") }
         retiring = []
         for (endpoint, dealer) in dealers { close(dealer.socket, linger: 0, what: "requester for \(endpoint)") }
-        let subscriberStreams = subscribers.values.map(\.events)
-        let serverStreams = servers.values.map(\.requests)
+        let subscriberStreams = subscribers.values.map(\.sink)
+        let serverStreams = servers.values.map(\.sink)
         let waiters = pending.values.map(\.waiter)
         publishers = [:]
         subscribers = [:]
@@ -621,7 +685,7 @@ final class IOLoop: @unchecked Sendable {
         dealers = [:]
         pending = [:]
         for waiter in waiters {
-            waiter.finish(.failure(ServiceError(.closed, "The bus was shut down before a reply came.")))
+            _ = deliver(.failure(ServiceError(.closed, "The bus was shut down before a reply came.")), to: waiter)
         }
         for stream in subscriberStreams { stream.finish() }
         for stream in serverStreams { stream.finish() }
@@ -705,5 +769,37 @@ struct DeadlineHeap {
             items.swapAt(parent, smallest)
             parent = smallest
         }
+    }
+}
+
+/// Where a subscriber's events go: an async stream, or a handler on the I/O thread.
+enum SubscriberSink: Sendable {
+    case stream(AsyncStream<Message>.Continuation)
+    case loop(@Sendable ([RawEvent]) -> Void)
+
+    func finish() {
+        if case .stream(let events) = self { events.finish() }
+    }
+}
+
+/// Where a server's requests go: an async stream, or a handler on the I/O thread.
+enum ServerSink: Sendable {
+    case stream(AsyncStream<IncomingRequest>.Continuation)
+    case loop(@Sendable ([RawRequest]) -> Void)
+
+    func finish() {
+        if case .stream(let requests) = self { requests.finish() }
+    }
+}
+
+/// Who gets a request's reply: a waiting task, or a callback on the I/O thread.
+enum ReplySink: Sendable {
+    case waiter(ReplyWaiter)
+    case loop(@Sendable (Result<Message, ServiceError>) -> Void)
+
+    /// Whether a waiting task has already been answered (cancelled, for example).
+    var isFinished: Bool {
+        if case .waiter(let waiter) = self { return waiter.isFinished }
+        return false
     }
 }

@@ -92,7 +92,8 @@ public final class ZeroMQBus: MessageBus, Service {
         let (stream, events) = AsyncStream.makeStream(of: Message.self, bufferingPolicy: .bufferingOldest(limits.queueLimit))
         events.onTermination = { [queue] _ in queue.submit(.closeSubscriber(id: id)) }
         try await withCheckedThrowingContinuation { (done: CheckedContinuation<Void, any Error>) in
-            let command = Command.subscribe(id: id, endpoints: endpoints, topics: topics, limits: limits, events: events, done: done)
+            let command = Command.subscribe(
+                id: id, endpoints: endpoints, topics: topics, limits: limits, sink: .stream(events), done: done)
             if !queue.submit(command) {
                 done.resume(throwing: Self.closedError)
             }
@@ -127,11 +128,46 @@ public final class ZeroMQBus: MessageBus, Service {
             of: IncomingRequest.self, bufferingPolicy: .bufferingOldest(limits.queueLimit))
         requests.onTermination = { [queue] _ in queue.submit(.closeServer(id: id)) }
         try await withCheckedThrowingContinuation { (done: CheckedContinuation<Void, any Error>) in
-            if !queue.submit(.serve(id: id, endpoint: endpoint, limits: limits, requests: requests, done: done)) {
+            if !queue.submit(.serve(id: id, endpoint: endpoint, limits: limits, sink: .stream(requests), done: done)) {
                 done.resume(throwing: Self.closedError)
             }
         }
         return stream
+    }
+
+    // MARK: The hot path
+
+    /// Binds a ROUTER at `endpoint` whose requests `handler` answers on the I/O thread (see
+    /// ``MessageBus/serve(at:limits:onLoop:)``). ``BusLoopRegistration/close()`` unbinds it as the
+    /// end of ``serve(at:limits:)``'s stream does: replies already given are still sent.
+    public func serve(
+        at endpoint: Endpoint, limits: MessageLimits, onLoop handler: @escaping @Sendable ([RawRequest]) -> Void
+    ) async throws -> any BusLoopRegistration {
+        let id = queue.makeID()
+        try await withCheckedThrowingContinuation { (done: CheckedContinuation<Void, any Error>) in
+            if !queue.submit(.serve(id: id, endpoint: endpoint, limits: limits, sink: .loop(handler), done: done)) {
+                done.resume(throwing: Self.closedError)
+            }
+        }
+        return LoopRegistration(queue: queue, close: .closeServer(id: id))
+    }
+
+    /// Subscribes with a handler on the I/O thread (see
+    /// ``MessageBus/subscribe(to:topics:limits:onLoop:)``). Events that arrive while the handler
+    /// runs wait in libzmq's queue (its high-water mark, then dropped as with any subscriber).
+    public func subscribe(
+        to endpoints: [Endpoint], topics: [String], limits: MessageLimits,
+        onLoop handler: @escaping @Sendable ([RawEvent]) -> Void
+    ) async throws -> any BusLoopRegistration {
+        let id = queue.makeID()
+        try await withCheckedThrowingContinuation { (done: CheckedContinuation<Void, any Error>) in
+            let command = Command.subscribe(
+                id: id, endpoints: endpoints, topics: topics, limits: limits, sink: .loop(handler), done: done)
+            if !queue.submit(command) {
+                done.resume(throwing: Self.closedError)
+            }
+        }
+        return LoopRegistration(queue: queue, close: .closeSubscriber(id: id))
     }
 
     public func request(_ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration) async throws -> Message {
@@ -140,7 +176,7 @@ public final class ZeroMQBus: MessageBus, Service {
         let waiter = ReplyWaiter()
         let request = OutgoingRequest(
             id: id, endpoint: endpoint, message: message, timeout: timeout,
-            deadline: monotonicNanoseconds() &+ timeout.clampedNanoseconds, waiter: waiter)
+            deadline: monotonicNanoseconds() &+ timeout.clampedNanoseconds, waiter: .waiter(waiter))
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Message, any Error>) in
                 waiter.install(continuation)
@@ -153,6 +189,27 @@ public final class ZeroMQBus: MessageBus, Service {
                 queue.submit(.cancelRequest(id: id))
             }
         }
+    }
+
+    /// Sends `message` to the server at `endpoint` and hands the reply, or the failure
+    /// (`timeout`, `noResponder`, `closed`, ...), to `callback` on the I/O thread (see
+    /// ``MessageBus/request(_:to:timeout:onLoop:)``).
+    public func request(
+        _ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration,
+        onLoop callback: @escaping @Sendable (Result<Message, ServiceError>) -> Void
+    ) {
+        let request = OutgoingRequest(
+            id: queue.makeID(), endpoint: endpoint, message: message, timeout: timeout,
+            deadline: monotonicNanoseconds() &+ timeout.clampedNanoseconds, waiter: .loop(callback))
+        if !queue.submit(.request(request)) {
+            callback(.failure(Self.closedError))
+        }
+    }
+
+    /// Runs `job` on the I/O thread (see ``MessageBus/perform(onLoop:)``).
+    @discardableResult
+    public func perform(onLoop job: @escaping @Sendable () -> Void) -> Bool {
+        queue.submit(.run(job))
     }
 
     // MARK: Lifecycle
@@ -204,6 +261,26 @@ final class ZeroMQPublisher: EventPublisher {
     func close() {
         if !closed.exchange(true, ordering: .acquiringAndReleasing) {
             queue.submit(.closePublisher(id: id))
+        }
+    }
+
+    deinit { close() }
+}
+
+/// A loop handler's server or subscription on a ``ZeroMQBus``; closes it once.
+final class LoopRegistration: BusLoopRegistration {
+    private let queue: CommandQueue
+    private let command: Command
+    private let closed = Atomic(false)
+
+    init(queue: CommandQueue, close command: Command) {
+        self.queue = queue
+        self.command = command
+    }
+
+    func close() {
+        if !closed.exchange(true, ordering: .acquiringAndReleasing) {
+            queue.submit(command)
         }
     }
 

@@ -1,5 +1,6 @@
 import Foundation
 import Messaging
+import FuzzKit
 import OnboardingAPI
 import Testing
 
@@ -89,5 +90,74 @@ struct EnvelopeTests {
         #expect(message.header.correlationId == request.header.id)
         #expect(message.serviceError == ServiceError(.usernameTaken, "Someone else already has this username.", reason: "duplicated"))
         #expect(Proto.validator.validate(try JSONValue.parse(reply.body), against: "envelope.schema.json") == [])
+    }
+}
+
+@Suite("The hot path's encoder")
+struct WireEncoderTests {
+    struct Mixed: Codable, Sendable {
+        var text: String
+        var optional: String?
+        var missing: Int?
+        var flag: Bool
+        var numbers: [Int64]
+        var nested: [String: [UInt8]]
+        var provider: Provider
+        var small: Int8
+        var big: UInt64
+    }
+
+    @Test("random strings, optionals, arrays, dictionaries and enums encode to Foundation's bytes")
+    func matchesFoundation() throws {
+        var random = FuzzRandom(seed: 20261123)
+        for _ in 0..<500 {
+            let value = Mixed(
+                text: FuzzValues.string(&random), optional: random.next() % 2 == 0 ? nil : FuzzValues.string(&random),
+                missing: nil, flag: random.next() % 2 == 0,
+                numbers: (0..<Int(random.next() % 4)).map { _ in Int64(bitPattern: random.next()) },
+                nested: [FuzzValues.string(&random): [UInt8(truncatingIfNeeded: random.next())], "b": []],
+                provider: Provider.allCases[Int(random.next() % UInt64(Provider.allCases.count))],
+                small: Int8(truncatingIfNeeded: random.next()), big: random.next())
+            let header = EnvelopeHeader(type: FuzzValues.string(&random), source: "test\u{1}\"\\/é")
+            let envelope = Envelope(header: header, payload: value)
+            let wire = try WireEncoder.encode(envelope)
+            let foundation = try WireFormat.encoder().encode(envelope)
+            #expect(wire == foundation, "\(String(decoding: wire, as: UTF8.self)) vs \(String(decoding: foundation, as: UTF8.self))")
+        }
+    }
+
+    @Test("values it does not handle (a Double, a Date) are left to Foundation, with the same result")
+    func fallsBack() throws {
+        struct Other: Codable { var ratio: Double; var when: Date; var name: String }
+        let value = Other(ratio: 0.1, when: Date(timeIntervalSince1970: 12.5), name: "x")
+        #expect(try WireEncoder.encode(value) == WireFormat.encoder().encode(value))
+    }
+}
+
+@Suite("Identifiers")
+struct IdentifierTests {
+    @Test("random and time-ordered ids are lowercase UUIDs of versions 4 and 7")
+    func format() throws {
+        for _ in 0..<1000 {
+            let random = Identifier.random()
+            let ordered = Identifier.timeOrdered()
+            for (id, version) in [(random, "4"), (ordered, "7")] {
+                #expect(id.count == 36)
+                #expect(id == id.lowercased())
+                let parsed = try #require(UUID(uuidString: id), "\(id)")
+                #expect(parsed.uuidString.lowercased() == id)
+                #expect(id[id.index(id.startIndex, offsetBy: 14)] == Character(version))
+                #expect("89ab".contains(id[id.index(id.startIndex, offsetBy: 19)]))
+            }
+        }
+        #expect(Set((0..<10_000).map { _ in Identifier.random() }).count == 10_000)
+    }
+
+    @Test("time-ordered ids sort by the millisecond they were made in")
+    func ordering() {
+        let earlier = Identifier.timeOrdered(now: Date(timeIntervalSince1970: 1_800_000_000))
+        let later = Identifier.timeOrdered(now: Date(timeIntervalSince1970: 1_800_000_000.002))
+        #expect(earlier < later)
+        #expect(earlier.hasPrefix("01a3185c"))  // 1,800,000,000,000 ms = 0x01a3185c5000
     }
 }

@@ -1,5 +1,5 @@
 import Foundation
-import Messaging
+@testable import Messaging
 import OnboardingAPI
 
 /// The repository's `proto/` folder and what is in it.
@@ -81,6 +81,20 @@ enum WireCatalog {
         let roundTrip: @Sendable (Data) throws -> Data
         /// Decodes a received message's payload as `T`, the way services do.
         let decodePayload: @Sendable (Message) throws(ServiceError) -> Void
+        /// Decodes a whole envelope and encodes it with ``WireEncoder`` and with Foundation's
+        /// encoder (``WireFormat/encoder()``).
+        let bothEncodings: @Sendable (Data) throws -> (wire: Data, foundation: Data)
+        /// Decodes a whole envelope with the fast path alone and with Foundation; each result
+        /// re-encoded by Foundation, so they compare.
+        let bothDecodings: @Sendable (Data) throws -> (fast: Data, foundation: Data)
+        /// What the two decoders make of `data`.
+        let compareDecoders: @Sendable (Data) -> DecoderVerdict
+    }
+
+    enum DecoderVerdict {
+        case bothDecoded(fast: Data, foundation: Data)
+        case fastAcceptedWhatFoundationRefused
+        case leftToFoundation
     }
 
     static func entry<T: Codable & Sendable>(_ type: String, _ kind: Kind, _: T.Type) -> Entry {
@@ -90,7 +104,28 @@ enum WireCatalog {
                 let envelope = try WireFormat.decoder().decode(Envelope<T>.self, from: data)
                 return try envelope.encoded()
             },
-            decodePayload: { message throws(ServiceError) in _ = try message.payload(as: T.self) })
+            decodePayload: { message throws(ServiceError) in _ = try message.payload(as: T.self) },
+            bothEncodings: { data in
+                let envelope = try WireFormat.decoder().decode(Envelope<T>.self, from: data)
+                return (try WireEncoder.encode(envelope), try WireFormat.encoder().encode(envelope))
+            },
+            bothDecodings: { data in
+                let fast = try WireDecoder.fastDecode(Envelope<T>.self, from: data, userInfo: [:])
+                let foundation = try WireFormat.decoder().decode(Envelope<T>.self, from: data)
+                return (try WireFormat.encoder().encode(fast), try WireFormat.encoder().encode(foundation))
+            },
+            compareDecoders: { data in
+                let fast = try? WireDecoder.fastDecode(Envelope<T>.self, from: data, userInfo: [:])
+                let foundation = try? WireFormat.decoder().decode(Envelope<T>.self, from: data)
+                switch (fast, foundation) {
+                case (let fast?, let foundation?):
+                    return .bothDecoded(
+                        fast: (try? WireFormat.encoder().encode(fast)) ?? Data(),
+                        foundation: (try? WireFormat.encoder().encode(foundation)) ?? Data())
+                case (.some, nil): return .fastAcceptedWhatFoundationRefused
+                default: return .leftToFoundation
+                }
+            })
     }
 
     static func request<R: APIRequest>(_: R.Type) -> [Entry] {

@@ -28,6 +28,13 @@ struct ProtoTests {
         #expect(reencoded.sameJSON(as: original), "Swift (\(entry.swiftType)) wrote \(reencoded)")
     }
 
+    @Test("The hot path's encoder writes exactly Foundation's bytes for every example", arguments: Proto.exampleTypes)
+    func wireEncoderMatchesFoundation(type: String) throws {
+        let entry = try #require(WireCatalog.byType[type])
+        let (wire, foundation) = try entry.bothEncodings(Proto.exampleData(type))
+        #expect(String(decoding: wire, as: UTF8.self) == String(decoding: foundation, as: UTF8.self))
+    }
+
     @Test("Every example sets every payload property its schema declares", arguments: Proto.exampleTypes)
     func examplesAreComplete(type: String) throws {
         // With the round trip above this proves Swift reads and writes each declared property

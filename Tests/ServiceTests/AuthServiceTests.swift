@@ -139,6 +139,18 @@ struct AuthServiceTests {
         #expect(SessionToken.digest("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
     }
 
+    @Test("tokens are base64url without padding, as Foundation's base64 with - and _ and no =")
+    func tokenAlphabet() {
+        for count in 0...40 {
+            let bytes = (0..<count).map { _ in UInt8.random(in: 0...255) }
+            let foundation = Data(bytes).base64EncodedString()
+                .replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+                .replacingOccurrences(of: "=", with: "")
+            #expect(SessionToken.base64URL(bytes) == foundation, "\(bytes)")
+        }
+        #expect(SessionToken.make().count == 43)
+    }
+
     @Test("an unknown provider is refused with a message that names the field")
     func unknownProvider() async throws {
         struct LooseSignIn: Codable, Sendable { var provider: String; var subject: String }

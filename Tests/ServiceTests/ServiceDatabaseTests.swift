@@ -37,6 +37,32 @@ struct ServiceDatabaseTests {
         }
     }
 
+    @Test("under steady writes the log starts over instead of growing, with no truncation")
+    func logStartsOver() async throws {
+        try await withTemporaryDirectory { directory in
+            let path = "\(directory)/restart.sqlite"
+            let writer = try ServiceDatabase.open(path: path)
+            try await writer.write { try $0.execute(sql: "CREATE TABLE blob (id INTEGER PRIMARY KEY, data BLOB NOT NULL)") }
+            // 8 MiB in 2,000 small transactions, while the checkpointer runs every 5 ms and lets
+            // the log hold 256 KiB before it has the writer start it over.
+            try await withCheckpoints(
+                path: path, writer: writer, every: .milliseconds(5), restartAfter: 256 * 1024, walLimit: .max, logger: quietLogger
+            ) {
+                // Paced like traffic (50 transactions, then a pause), so that a loaded machine
+                // still gives the checkpointer its turns.
+                for round in 0..<40 {
+                    for _ in 0..<50 {
+                        try await writer.write { try $0.execute(sql: "INSERT INTO blob (data) VALUES (?)", arguments: [Data(count: 4096)]) }
+                    }
+                    if round < 39 { try await Task.sleep(for: .milliseconds(20)) }
+                }
+            }
+            #expect(fileSize(path + "-wal") < 4 * 1024 * 1024, "the log was reused, not grown to hold all 8 MiB")
+            let count = try await writer.read { try Int.fetchOne($0, sql: "SELECT COUNT(*) FROM blob") }
+            #expect(count == 2_000)
+        }
+    }
+
     @Test("a new database and its -wal and -shm files are readable by their owner only")
     func newDatabaseModes() async throws {
         try await withTemporaryDirectory { directory in

@@ -3,6 +3,7 @@ import ImageFixtures
 import Messaging
 import OnboardingAPI
 import OnboardingClient
+import OnboardingTesting
 import Testing
 
 /// Sends `body` (and `attachment`) raw and returns the error the service answers with.

@@ -2,6 +2,7 @@ import Foundation
 import Messaging
 import OnboardingAPI
 import OnboardingClient
+import OnboardingTesting
 import Synchronization
 import Testing
 

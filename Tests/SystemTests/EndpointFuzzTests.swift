@@ -3,6 +3,7 @@ import FuzzKit
 import Messaging
 import OnboardingAPI
 import OnboardingClient
+import OnboardingTesting
 import Synchronization
 import Testing
 
@@ -31,10 +32,10 @@ struct EndpointFuzzTests {
         let settings = Self.settings
         print("[fuzz] \(settings)")
         let contract = try WireContract.load()
-        try await InProcessSystem().run { system in
+        try await InProcessSystem.run { system in
             let fuzzer = EndpointFuzzer(
                 bus: system.bus, endpoints: system.endpoints, contract: contract, settings: settings,
-                serviceToken: InProcessSystem.serviceToken)
+                serviceToken: system.serviceToken)
             try await fuzzer.discoverRoutes()
             try await fuzzer.run()
             let report = fuzzer.report

@@ -5,68 +5,16 @@ import Logging
 import Messaging
 import OnboardingAPI
 import OnboardingOrchestrator
+import OnboardingTesting
 import ProfileService
 import ServiceLifecycle
 import ServiceRuntime
 import Testing
 
-/// All four services in this process on one ``InProcessBus``, with their data in a temporary folder.
-struct InProcessSystem {
-    let bus = InProcessBus(source: "test-bus")
-    let endpoints = SystemEndpoints.inProcess
-    let directory: URL
-
-    init() throws {
-        directory = FileManager.default.temporaryDirectory.appendingPathComponent("onboarding-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-    }
-
-    var imagesRoot: URL { directory.appendingPathComponent("images") }
-
-    /// The secret the services share, as the executables read it from the data directory.
-    static let serviceToken = "in-process-service-token"
-
-    /// Runs the services while `body` runs, then stops them.
-    func run(_ body: @Sendable (InProcessSystem) async throws -> Void) async throws {
-        var logger = Logger(label: "in-process-system")
-        logger.logLevel = .warning
-        let e = endpoints
-        let services: [any Service] = [
-            try AuthService(
-                configuration: .init(rpc: e.authRPC, events: e.authEvents, databasePath: directory.appendingPathComponent("auth.sqlite").path, devMode: true,
-                    serviceToken: Self.serviceToken),
-                bus: bus, logger: logger),
-            try ProfileService(
-                configuration: .init(
-                    rpc: e.profileRPC, events: e.profileEvents, authRPC: e.authRPC,
-                    databasePath: directory.appendingPathComponent("profile.sqlite").path, serviceToken: Self.serviceToken),
-                bus: bus, logger: logger),
-            try ImageUploadService(
-                configuration: .init(rpc: e.imageRPC, directory: imagesRoot.path, serviceToken: Self.serviceToken),
-                bus: bus, logger: logger),
-            try OnboardingOrchestrator(
-                configuration: .init(
-                    rpc: e.orchestratorRPC, routes: e.routes, authRPC: e.authRPC, authEvents: e.authEvents,
-                    profileRPC: e.profileRPC, profileEvents: e.profileEvents, imageRPC: e.imageRPC,
-                    serviceToken: Self.serviceToken),
-                bus: bus, logger: logger),
-        ]
-        let group = ServiceGroup(services: services, logger: logger)
-        try await withThrowingTaskGroup(of: Void.self) { tasks in
-            tasks.addTask { try await group.run() }
-            for (_, endpoint) in e.rpcEndpoints {
-                try await bus.waitUntilAnswering(endpoint, source: "test")
-            }
-            try await body(self)
-            await group.triggerGracefulShutdown()
-            try await tasks.waitForAll()
-        }
-        try? FileManager.default.removeItem(at: directory)
-    }
-}
-
 @Suite("The whole system in one process")
 struct InProcessSystemTests {
+    // Waits for readiness are long: on a 2-core machine loaded by the other tests (and other
+    // builds), the services have taken over 10 s to start.
     @Test("the orchestrator stops promptly on graceful shutdown while its checks keep failing")
     func shutdownWhileChecksFail() async throws {
         let bus = InProcessBus()
@@ -83,7 +31,7 @@ struct InProcessSystemTests {
         let group = ServiceGroup(services: [auth, orchestrator], logger: logger)
         try await withThrowingTaskGroup(of: Void.self) { tasks in
             tasks.addTask { try await group.run() }
-            try await bus.waitUntilAnswering(e.orchestratorRPC, source: "test")
+            try await bus.waitUntilAnswering(e.orchestratorRPC, source: "test", timeout: .seconds(30))
             let client = e.client(bus)
             _ = try await client.signIn(provider: .google, subject: "stopping")
             await expectCode(.dependencyUnavailable) { _ = try await client.checkNow() }
@@ -98,21 +46,21 @@ struct InProcessSystemTests {
 
     @Test("sign in, set up a profile, sign out, sign in again, withdraw")
     func journey() async throws {
-        try await InProcessSystem().run { system in
-            try await runJourney(bus: system.bus, endpoints: system.endpoints, imagesRoot: system.imagesRoot)
+        try await InProcessSystem.run { system in
+            try await runJourney(bus: system.bus, endpoints: system.endpoints, imagesRoot: system.imagesDirectory)
         }
     }
 
     @Test("bad input at every endpoint gets a typed error and no service goes down")
     func badInput() async throws {
-        try await InProcessSystem().run { system in
-            try await runBadInput(bus: system.bus, endpoints: system.endpoints, serviceToken: InProcessSystem.serviceToken)
+        try await InProcessSystem.run { system in
+            try await runBadInput(bus: system.bus, endpoints: system.endpoints, serviceToken: system.serviceToken)
         }
     }
 
     @Test("two people claiming one free name at once: exactly one gets it")
     func simultaneousClaims() async throws {
-        try await InProcessSystem().run { system in
+        try await InProcessSystem.run { system in
             let name = "race\(Int.random(in: 100...999))"
             let people = (0..<8).map { system.endpoints.client(system.bus, name: "racer-\($0)") }
             for (index, person) in people.enumerated() {
@@ -160,8 +108,8 @@ struct InProcessSystemTests {
         let second = ServiceGroup(services: [profile], logger: logger)
         try await withThrowingTaskGroup(of: Void.self) { tasks in
             tasks.addTask { try await first.run() }
-            try await bus.waitUntilAnswering(e.authRPC, source: "test")
-            try await bus.waitUntilAnswering(e.orchestratorRPC, source: "test")
+            try await bus.waitUntilAnswering(e.authRPC, source: "test", timeout: .seconds(30))
+            try await bus.waitUntilAnswering(e.orchestratorRPC, source: "test", timeout: .seconds(30))
             let client = e.client(bus)
             let tap = IntentRecorder(try await client.routeIntents(for: nil))
             // A new account needs no question: no profile can exist for a uid just minted.

@@ -3,46 +3,9 @@ import ImageFixtures
 import Messaging
 import OnboardingAPI
 import OnboardingClient
+import OnboardingTesting
 import Synchronization
 import Testing
-
-/// Every endpoint of one running system.
-struct SystemEndpoints: Sendable {
-    var authRPC: Endpoint
-    var authEvents: Endpoint
-    var profileRPC: Endpoint
-    var profileEvents: Endpoint
-    var imageRPC: Endpoint
-    var orchestratorRPC: Endpoint
-    var routes: Endpoint
-
-    /// Endpoints on loopback from `base` upwards (for real processes).
-    static func tcp(base: Int) -> SystemEndpoints {
-        func at(_ offset: Int) -> Endpoint { Endpoint("tcp://127.0.0.1:\(base + offset)") }
-        return SystemEndpoints(
-            authRPC: at(0), authEvents: at(1), profileRPC: at(2), profileEvents: at(3), imageRPC: at(4),
-            orchestratorRPC: at(5), routes: at(6))
-    }
-
-    /// Names for the in-process bus.
-    static let inProcess = SystemEndpoints(
-        authRPC: "inproc://auth", authEvents: "inproc://auth-events", profileRPC: "inproc://profile",
-        profileEvents: "inproc://profile-events", imageRPC: "inproc://image", orchestratorRPC: "inproc://orchestrator",
-        routes: "inproc://routes")
-
-    var rpcEndpoints: [(String, Endpoint)] {
-        [(ServiceName.auth, authRPC), (ServiceName.profile, profileRPC), (ServiceName.imageUpload, imageRPC),
-         (ServiceName.orchestrator, orchestratorRPC)]
-    }
-
-    func client(_ bus: any MessageBus, name: String = "journey") -> OnboardingClient {
-        OnboardingClient(
-            bus: bus,
-            configuration: .init(
-                authRPC: authRPC, profileRPC: profileRPC, orchestratorRPC: orchestratorRPC, routes: routes,
-                timeout: .seconds(5), name: name))
-    }
-}
 
 /// Collects the route intents a tap sees, and lets a test wait for one.
 ///

@@ -4,6 +4,7 @@ import Logging
 import Messaging
 import OnboardingAPI
 import OnboardingOrchestrator
+import OnboardingTesting
 import ProfileService
 import ServiceLifecycle
 import ServiceRuntime

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import Messaging
 import OnboardingAPI
+import OnboardingTesting
 import ServiceRuntime
 import Testing
 import ZeroMQMessaging

@@ -28,13 +28,13 @@ struct EventFeedTests {
         try await bus.requests.wait { $0.succeeded >= count + 1 }
     }
 
-    @Test("events published before the feed started are fetched, then live ones follow")
-    func catchesUp() async throws {
+    @Test("events published before the feed started are fetched, then live ones follow", arguments: FeedMode.allCases)
+    func catchesUp(mode: FeedMode) async throws {
         try await withPublisher { publisher, bus in
             for _ in 1...5 { try await publisher.append() }
             let feed = makeFeed(bus: bus)
             let recorder = FeedRecorder()
-            try await withFeed(feed, recorder: recorder) {
+            try await withFeed(feed, recorder: recorder, mode: mode) {
                 try await recorder.waitUntilHandled(through: 5)
                 try await waitUntilReplayed(bus)
                 try await publisher.append()
@@ -50,24 +50,24 @@ struct EventFeedTests {
         }
     }
 
-    @Test("a feed starting from its stored cursor gets only what came after it")
-    func startsAfterCursor() async throws {
+    @Test("a feed starting from its stored cursor gets only what came after it", arguments: FeedMode.allCases)
+    func startsAfterCursor(mode: FeedMode) async throws {
         try await withPublisher { publisher, bus in
             for _ in 1...4 { try await publisher.append() }
             let recorder = FeedRecorder()
-            try await withFeed(makeFeed(bus: bus), after: 2, recorder: recorder) {
+            try await withFeed(makeFeed(bus: bus), after: 2, recorder: recorder, mode: mode) {
                 try await recorder.waitUntilHandled(through: 4)
             }
             #expect(recorder.calls.value == [.init(sequences: [3, 4], through: 4)])
         }
     }
 
-    @Test("an event missing from the live stream is fetched before the one after it is handled")
-    func fillsGap() async throws {
+    @Test("an event missing from the live stream is fetched before the one after it is handled", arguments: FeedMode.allCases)
+    func fillsGap(mode: FeedMode) async throws {
         try await withPublisher { publisher, bus in
             let feed = makeFeed(bus: bus)
             let recorder = FeedRecorder()
-            try await withFeed(feed, recorder: recorder) {
+            try await withFeed(feed, recorder: recorder, mode: mode) {
                 try await waitUntilReplayed(bus)
                 try await publisher.append()
                 try await recorder.waitUntilHandled(through: 1)
@@ -83,12 +83,12 @@ struct EventFeedTests {
         }
     }
 
-    @Test("a lost last event is found when the live stream stays quiet")
-    func idleCheckFindsTail() async throws {
+    @Test("a lost last event is found when the live stream stays quiet", arguments: FeedMode.allCases)
+    func idleCheckFindsTail(mode: FeedMode) async throws {
         try await withPublisher { publisher, bus in
             let feed = makeFeed(bus: bus, idleCheck: .milliseconds(20))
             let recorder = FeedRecorder()
-            try await withFeed(feed, recorder: recorder) {
+            try await withFeed(feed, recorder: recorder, mode: mode) {
                 try await waitUntilReplayed(bus)
                 try await publisher.append(live: false)
                 try await recorder.waitUntilHandled(through: 1)
@@ -98,12 +98,12 @@ struct EventFeedTests {
         }
     }
 
-    @Test("an event received again is dropped and counted")
-    func dropsDuplicates() async throws {
+    @Test("an event received again is dropped and counted", arguments: FeedMode.allCases)
+    func dropsDuplicates(mode: FeedMode) async throws {
         try await withPublisher { publisher, bus in
             let feed = makeFeed(bus: bus)
             let recorder = FeedRecorder()
-            try await withFeed(feed, recorder: recorder) {
+            try await withFeed(feed, recorder: recorder, mode: mode) {
                 try await waitUntilReplayed(bus)
                 try await publisher.append()
                 try await recorder.waitUntilHandled(through: 1)
@@ -121,15 +121,15 @@ struct EventFeedTests {
         }
     }
 
-    @Test("events pruned before the feed could fetch them are logged and counted as lost")
-    func countsPrunedAsLost() async throws {
+    @Test("events pruned before the feed could fetch them are logged and counted as lost", arguments: FeedMode.allCases)
+    func countsPrunedAsLost(mode: FeedMode) async throws {
         try await withPublisher { publisher, bus in
             for _ in 1...5 { try await publisher.append(live: false) }
             try await Outbox.prune(Outbox.Retention(maxEvents: 2), in: publisher.writer)
             let logs = LogCapture()
             let feed = makeFeed(bus: bus, logger: logs.logger)
             let recorder = FeedRecorder()
-            try await withFeed(feed, after: 1, recorder: recorder) {
+            try await withFeed(feed, after: 1, recorder: recorder, mode: mode) {
                 try await recorder.waitUntilHandled(through: 5)
             }
             #expect(recorder.calls.value == [.init(sequences: [4, 5], through: 5)])
@@ -138,14 +138,14 @@ struct EventFeedTests {
         }
     }
 
-    @Test("when every event it missed was pruned, the feed moves its cursor to the newest")
-    func everythingPruned() async throws {
+    @Test("when every event it missed was pruned, the feed moves its cursor to the newest", arguments: FeedMode.allCases)
+    func everythingPruned(mode: FeedMode) async throws {
         try await withPublisher { publisher, bus in
             for _ in 1...3 { try await publisher.append(live: false) }
             try await Outbox.prune(Outbox.Retention(maxEvents: 0), in: publisher.writer)
             let feed = makeFeed(bus: bus)
             let recorder = FeedRecorder()
-            try await withFeed(feed, recorder: recorder) {
+            try await withFeed(feed, recorder: recorder, mode: mode) {
                 try await recorder.waitUntilHandled(through: 3)
             }
             #expect(recorder.calls.value == [.init(sequences: [], through: 3)])
@@ -153,14 +153,14 @@ struct EventFeedTests {
         }
     }
 
-    @Test("a publisher whose store was reset is followed from its start")
-    func followsResetStore() async throws {
+    @Test("a publisher whose store was reset is followed from its start", arguments: FeedMode.allCases)
+    func followsResetStore(mode: FeedMode) async throws {
         try await withPublisher { publisher, bus in
             for _ in 1...2 { try await publisher.append(live: false) }
             let logs = LogCapture()
             let feed = makeFeed(bus: bus, logger: logs.logger)
             let recorder = FeedRecorder()
-            try await withFeed(feed, after: 10, recorder: recorder) {
+            try await withFeed(feed, after: 10, recorder: recorder, mode: mode) {
                 try await recorder.calls.wait { $0.count >= 2 }
             }
             #expect(recorder.calls.value == [.init(sequences: [], through: 0), .init(sequences: [1, 2], through: 2)])
@@ -168,12 +168,12 @@ struct EventFeedTests {
         }
     }
 
-    @Test("a store reset behind a busy live stream is noticed from the numbers it repeats")
-    func noticesResetFromLiveStream() async throws {
+    @Test("a store reset behind a busy live stream is noticed from the numbers it repeats", arguments: FeedMode.allCases)
+    func noticesResetFromLiveStream(mode: FeedMode) async throws {
         try await withPublisher { publisher, bus in
             let feed = makeFeed(bus: bus)
             let recorder = FeedRecorder()
-            try await withFeed(feed, recorder: recorder) {
+            try await withFeed(feed, recorder: recorder, mode: mode) {
                 try await waitUntilReplayed(bus)
                 for _ in 1...3 { try await publisher.append() }
                 try await recorder.waitUntilHandled(through: 3)
@@ -189,13 +189,13 @@ struct EventFeedTests {
         }
     }
 
-    @Test("events.after is retried until the publisher answers; nothing is skipped")
-    func retriesReplay() async throws {
+    @Test("events.after is retried until the publisher answers; nothing is skipped", arguments: FeedMode.allCases)
+    func retriesReplay(mode: FeedMode) async throws {
         try await withPublisher(serving: false) { publisher, bus in
             for _ in 1...3 { try await publisher.append(live: false) }
             let feed = makeFeed(bus: bus)
             let recorder = FeedRecorder()
-            try await withFeed(feed, recorder: recorder) {
+            try await withFeed(feed, recorder: recorder, mode: mode) {
                 try await bus.requests.wait { $0.failed >= 3 }
                 #expect(recorder.calls.value.isEmpty)
                 try await publisher.serving {
@@ -206,13 +206,13 @@ struct EventFeedTests {
         }
     }
 
-    @Test("a batch whose handler throws is handed over again, and the cursor waits for it")
-    func retriesHandler() async throws {
+    @Test("a batch whose handler throws is handed over again, and the cursor waits for it", arguments: FeedMode.allCases)
+    func retriesHandler(mode: FeedMode) async throws {
         try await withPublisher { publisher, bus in
             for _ in 1...3 { try await publisher.append(live: false) }
             let feed = makeFeed(bus: bus)
             let recorder = FeedRecorder(failFirst: 2)
-            try await withFeed(feed, recorder: recorder) {
+            try await withFeed(feed, recorder: recorder, mode: mode) {
                 try await recorder.calls.wait { $0.count >= 3 }
                 try await waitUntilReplayed(bus)
                 try await publisher.append()
@@ -225,15 +225,15 @@ struct EventFeedTests {
         }
     }
 
-    @Test("only the feed's topics are handed over, but the cursor moves past the others")
-    func filtersTopics() async throws {
+    @Test("only the feed's topics are handed over, but the cursor moves past the others", arguments: FeedMode.allCases)
+    func filtersTopics(mode: FeedMode) async throws {
         try await withPublisher { publisher, bus in
             try await publisher.append("auth.signedOut", live: false)
             try await publisher.append("auth.signedIn", live: false)
             try await publisher.append("auth.signedOut", live: false)
             let feed = makeFeed(bus: bus, topics: ["auth.signedIn"])
             let recorder = FeedRecorder()
-            try await withFeed(feed, recorder: recorder) {
+            try await withFeed(feed, recorder: recorder, mode: mode) {
                 try await recorder.waitUntilHandled(through: 3)
                 try await waitUntilReplayed(bus)
                 try await publisher.append("auth.signedOut")
@@ -249,12 +249,12 @@ struct EventFeedTests {
         }
     }
 
-    @Test("many events in a burst arrive once each and in order")
-    func burst() async throws {
+    @Test("many events in a burst arrive once each and in order", arguments: FeedMode.allCases)
+    func burst(mode: FeedMode) async throws {
         try await withPublisher { publisher, bus in
             let feed = makeFeed(bus: bus, idleCheck: .milliseconds(50))
             let recorder = FeedRecorder()
-            try await withFeed(feed, recorder: recorder) {
+            try await withFeed(feed, recorder: recorder, mode: mode) {
                 try await waitUntilReplayed(bus)
                 for index in 1...300 { try await publisher.append(live: index % 7 != 0) }
                 try await recorder.waitUntilHandled(through: 300)

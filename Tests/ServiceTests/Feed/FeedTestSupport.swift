@@ -102,6 +102,34 @@ final class ObservedBus: MessageBus {
         try await inner.serve(at: endpoint, limits: limits)
     }
 
+    func serve(
+        at endpoint: Endpoint, limits: MessageLimits, onLoop handler: @escaping @Sendable ([RawRequest]) -> Void
+    ) async throws -> any BusLoopRegistration {
+        try await inner.serve(at: endpoint, limits: limits, onLoop: handler)
+    }
+
+    func subscribe(
+        to endpoints: [Endpoint], topics: [String], limits: MessageLimits,
+        onLoop handler: @escaping @Sendable ([RawEvent]) -> Void
+    ) async throws -> any BusLoopRegistration {
+        try await inner.subscribe(to: endpoints, topics: topics, limits: limits, onLoop: handler)
+    }
+
+    func perform(onLoop job: @escaping @Sendable () -> Void) -> Bool {
+        inner.perform(onLoop: job)
+    }
+
+    func request(
+        _ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration,
+        onLoop callback: @escaping @Sendable (Result<Message, ServiceError>) -> Void
+    ) {
+        inner.request(message, to: endpoint, timeout: timeout) { [requests] result in
+            let succeeded = if case .success(let reply) = result { reply.serviceError == nil } else { false }
+            requests.update { succeeded ? ($0.succeeded += 1) : ($0.failed += 1) }
+            callback(result)
+        }
+    }
+
     func request(_ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration) async throws -> Message {
         do {
             let reply = try await inner.request(message, to: endpoint, timeout: timeout)
@@ -212,12 +240,28 @@ final class FeedRecorder: Sendable {
     var delivered: [UInt64] { calls.value.flatMap(\.sequences) }
 }
 
+/// How a feed hands over live events: from its task only, or on the bus's thread as well.
+enum FeedMode: String, CaseIterable, Sendable, CustomTestStringConvertible {
+    case task
+    case loop
+    var testDescription: String { rawValue }
+}
+
 /// Runs `feed` from `cursor` in a task for the length of `body`, then cancels it and waits.
 @discardableResult
 func withFeed<Result: Sendable>(
-    _ feed: EventFeed, after cursor: UInt64 = 0, recorder: FeedRecorder, _ body: () async throws -> Result
+    _ feed: EventFeed, after cursor: UInt64 = 0, recorder: FeedRecorder, mode: FeedMode = .task,
+    _ body: () async throws -> Result
 ) async throws -> Result {
-    let task = Task { await feed.run(after: cursor) { batch, through in try recorder.handle(batch, through: through) } }
+    let onLoop: EventFeed.LoopHandler?
+    if mode == .loop {
+        onLoop = { @Sendable batch, through in try recorder.handle(batch, through: through) }
+    } else {
+        onLoop = nil
+    }
+    let task = Task {
+        await feed.run(after: cursor, onLoop: onLoop) { batch, through in try recorder.handle(batch, through: through) }
+    }
     do {
         let result = try await body()
         task.cancel()

@@ -36,6 +36,39 @@ struct OutboxReplayTests {
         }
     }
 
+    // MARK: Numbering
+
+    @Test("events of one transaction number on; a rolled-back one leaves no gap; all are published after commit, in order")
+    func numbering() async throws {
+        try await withPublisher { publisher in
+            let bus = publisher.bus
+            let (events, sink) = AsyncStream.makeStream(of: RawEvent.self)
+            let subscription = try await bus.subscribe(to: [OutboxPublisher.events], topics: [""], limits: MessageLimits()) { batch in
+                for event in batch { sink.yield(event) }
+            }
+            defer { subscription.close() }
+            let first = try await publisher.writer.write { db in
+                try (0..<3).map { _ in try publisher.outbox.append(SignedOut(uid: "a"), uid: "a", in: db) }
+            }
+            #expect(first == [1, 2, 3])
+            struct Abandon: Error {}
+            await #expect(throws: Abandon.self) {
+                try await publisher.writer.write { db in
+                    try publisher.outbox.append(SignedOut(uid: "b"), uid: "b", in: db)
+                    throw Abandon()
+                }
+            }
+            let next = try await publisher.writer.write { db in try publisher.outbox.append(SignedOut(uid: "c"), uid: "c", in: db) }
+            #expect(next == 4)
+            var received: [UInt64] = []
+            for await event in events {
+                received.append(try Message(topic: event.topic, body: event.body).header.sequence)
+                if received.count == 4 { break }
+            }
+            #expect(received == [1, 2, 3, 4])
+        }
+    }
+
     // MARK: Pages
 
     @Test("pages come oldest first, respect the limit and name the bounds")

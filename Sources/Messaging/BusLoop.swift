@@ -1,0 +1,130 @@
+import Foundation
+
+// The hot path: handlers that run on the bus's own thread.
+//
+// A bus has one thread of its own (the ZeroMQ bus's I/O thread; the in-process bus's loop
+// thread). A handler registered with ``MessageBus/serve(at:limits:onLoop:)`` or
+// ``MessageBus/subscribe(to:topics:limits:onLoop:)`` is called on that thread with everything
+// that arrived together, as raw frames, so that a service can read each message once, decide,
+// commit the whole batch in one transaction, and only then answer: replies and events it sends
+// during the call leave when the call returns, with no hand-off to another thread.
+//
+// A loop handler must not wait for anything but local work (SQLite, the CPU): while it runs, the
+// bus reads and sends nothing. Work that waits (a call to another service) goes to a task, and
+// its result comes back to the loop as a message or through ``BusLoopRegistration``'s owner.
+
+/// A request as it arrived, not yet read, with the means to answer it once.
+///
+/// The bus has checked only the frames' sizes against the endpoint's limits; reading the JSON
+/// (see ``Message/init(topic:body:attachment:)``) is the handler's job, so that it reads each
+/// message once, in the form it needs.
+public struct RawRequest: Sendable {
+    /// The JSON envelope.
+    public let body: Data
+    /// The binary frame after the envelope, if there was one.
+    public let attachment: Data?
+    private let responder: @Sendable (OutgoingMessage) -> Void
+
+    public init(body: Data, attachment: Data?, responder: @escaping @Sendable (OutgoingMessage) -> Void) {
+        self.body = body
+        self.attachment = attachment
+        self.responder = responder
+    }
+
+    /// Sends `reply` to the caller. Only the first reply to a request is delivered.
+    ///
+    /// Called on the bus's thread, the reply leaves when the handler returns.
+    public func reply(_ reply: OutgoingMessage) {
+        responder(reply)
+    }
+
+    /// The same request once its envelope has been read.
+    public func incoming(_ message: Message) -> IncomingRequest {
+        IncomingRequest(message: message, responder: responder)
+    }
+}
+
+/// An event as it arrived, not yet read.
+public struct RawEvent: Sendable {
+    public let topic: String
+    /// The JSON envelope.
+    public let body: Data
+    public let attachment: Data?
+
+    public init(topic: String, body: Data, attachment: Data? = nil) {
+        self.topic = topic
+        self.body = body
+        self.attachment = attachment
+    }
+}
+
+/// A loop handler's place on the bus: a bound server or a live subscription.
+public protocol BusLoopRegistration: Sendable {
+    /// Unbinds the server (replies already given are still sent) or ends the subscription.
+    /// Calling it again does nothing.
+    func close()
+}
+
+/// Runs the loop handlers of an ``InProcessBus`` on one thread of its own, as the ZeroMQ bus's
+/// I/O thread runs its own: jobs run in the order they were submitted; a job submitted from the
+/// loop thread runs after the current one. The thread ends once the last reference is gone and
+/// the queue is empty.
+///
+/// Threading: ``submit(_:)`` from any thread; jobs run on the loop thread only.
+final class LoopThread: Sendable {
+    private let queue = JobQueue()
+
+    init(name: String) {
+        let queue = self.queue
+        let thread = Thread {
+            while let jobs = queue.waitAndTake() {
+                for job in jobs { job() }
+            }
+        }
+        thread.name = name
+        thread.start()
+    }
+
+    deinit {
+        queue.stop()
+    }
+
+    func submit(_ job: @escaping @Sendable () -> Void) {
+        queue.append(job)
+    }
+}
+
+/// Jobs behind a condition variable.
+//
+// @unchecked Sendable: `jobs` and `stopped` are only touched with `condition` locked.
+private final class JobQueue: @unchecked Sendable {
+    private let condition = NSCondition()
+    private var jobs: [@Sendable () -> Void] = []
+    private var stopped = false
+
+    func append(_ job: @escaping @Sendable () -> Void) {
+        condition.lock()
+        jobs.append(job)
+        condition.signal()
+        condition.unlock()
+    }
+
+    func stop() {
+        condition.lock()
+        stopped = true
+        condition.signal()
+        condition.unlock()
+    }
+
+    /// Waits until jobs are queued and takes them all; `nil` once stopped with none left.
+    func waitAndTake() -> [@Sendable () -> Void]? {
+        condition.lock()
+        defer { condition.unlock() }
+        while jobs.isEmpty {
+            if stopped { return nil }
+            condition.wait()
+        }
+        defer { jobs = [] }
+        return jobs
+    }
+}

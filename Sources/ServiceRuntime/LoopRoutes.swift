@@ -1,0 +1,296 @@
+import Foundation
+import GRDB
+import Logging
+import Messaging
+import OnboardingAPI
+
+/// The requests a service answers on the bus's own thread: the hot path.
+///
+/// Everything that arrived together is handled as one batch: each request's JSON is read once
+/// (header and payload in one pass), access is checked, and the handlers of the whole batch run
+/// in **one** write transaction (group commit); the replies, and the events the handlers
+/// recorded in the outbox, leave only after that commit. A batch is what queued up while the
+/// previous one was being handled: one request when idle, hundreds under load, with no timer.
+///
+/// A handler that refuses with a ``ServiceError`` before it has changed anything (a bad subject,
+/// a name taken) is answered with that error and the batch goes on. When one throws after it
+/// has written, the batch's transaction is rolled back and its requests run again, one
+/// transaction each, so one failure costs the others nothing but time.
+///
+/// Access: ``Access/open``, ``Access/service`` and ``Access/serviceWithoutUID`` are checked on
+/// the spot. ``Access/session`` asks the ``LoopSessionVerifier`` from the bus's thread and runs
+/// the handler when the answer comes (a verifier of another kind leaves the request to the handler
+/// registered with `on` for the same type, which must exist). For ``Access/sessionOrService``, requests with the service
+/// token run here and an app's go to the handler registered with `on` for the same type.
+/// Handlers must not wait for anything but the database.
+struct LoopRoutes: Sendable {
+    struct Route: Sendable {
+        var access: Access
+        var attachment: AttachmentRule
+        var writes: Bool
+        var database: any DatabaseWriter
+        /// Runs the handler in `db`: the encoded reply, or `nil` when the handler answers later
+        /// through `responder`.
+        var run:
+            @Sendable (_ payload: any Sendable, _ context: RequestContext, _ db: Database, _ responder: RawRequest) throws ->
+                OutgoingMessage?
+    }
+
+    private(set) var routes: [String: Route] = [:]
+    private(set) var reader = EnvelopeReader()
+
+    var types: [String] { Array(routes.keys) }
+    var isEmpty: Bool { routes.isEmpty }
+
+    subscript(type: String) -> Route? { routes[type] }
+
+    mutating func add<Request: APIRequest>(_: Request.Type, route: Route) {
+        reader.register(Request.self, for: Request.type)
+        routes[Request.type] = route
+    }
+}
+
+/// The answer to a request handled on the bus's thread that its handler gives later (see
+/// ``RequestDispatcher/onLoop(_:access:database:writes:attachment:replyUID:answeringLater:)``).
+/// Only the first answer is sent.
+public struct LoopReply<Response: Codable & Sendable>: Sendable {
+    let responder: RawRequest
+    let context: RequestContext
+    let source: String
+    let replyType: String
+    let replyUID: (@Sendable (Response) -> String?)?
+
+    /// Answers with `result`: the response, or the error.
+    public func send(_ result: Result<Response, ServiceError>) {
+        switch result {
+        case .success(let response):
+            do {
+                responder.reply(try encode(response))
+            } catch {
+                responder.reply(context.message.errorReply(ServiceError(.internalError, "The reply could not be encoded: \(error)"), source: source))
+            }
+        case .failure(let error):
+            responder.reply(context.message.errorReply(error, source: source))
+        }
+    }
+
+    func encode(_ response: Response) throws -> OutgoingMessage {
+        var header = context.message.replyHeader(type: replyType, source: source)
+        if let uid = replyUID?(response) ?? context.uid { header.uid = uid }
+        return OutgoingMessage(body: try Envelope(header: header, payload: response).encoded())
+    }
+}
+
+extension RequestDispatcher {
+    /// Adds a handler that runs on the bus's own thread, inside the write (or, with
+    /// `writes: false`, read) transaction its batch shares (see ``LoopRoutes``).
+    ///
+    /// - Parameters:
+    ///   - access: who may ask (see ``LoopRoutes`` for how each is checked).
+    ///   - database: where the batch's transaction runs (one database per dispatcher).
+    ///   - replyUID: the person the reply names, from the response; by default the request's uid.
+    ///   - handler: decides and writes; throws a ``ServiceError`` to refuse.
+    public mutating func onLoop<Request: APIRequest>(
+        _ type: Request.Type,
+        access: Access,
+        database: any DatabaseWriter,
+        writes: Bool = true,
+        attachment: AttachmentRule = .none,
+        replyUID: (@Sendable (Request.Response) -> String?)? = nil,
+        _ handler: @escaping @Sendable (Request, RequestContext, Database) throws -> Request.Response
+    ) {
+        onLoop(type, access: access, database: database, writes: writes, attachment: attachment, replyUID: replyUID) {
+            request, context, db, _ in try handler(request, context, db)
+        }
+    }
+
+    /// ``onLoop(_:access:database:writes:attachment:replyUID:_:)`` for a handler that may answer
+    /// later: it returns `nil` and keeps the ``LoopReply`` (for an answer that depends on another
+    /// service, for example). The reply is sent after the batch's commit at the earliest.
+    public mutating func onLoop<Request: APIRequest>(
+        _: Request.Type,
+        access: Access,
+        database: any DatabaseWriter,
+        writes: Bool = true,
+        attachment: AttachmentRule = .none,
+        replyUID: (@Sendable (Request.Response) -> String?)? = nil,
+        answeringLater handler: @escaping @Sendable (Request, RequestContext, Database, LoopReply<Request.Response>) throws ->
+            Request.Response?
+    ) {
+        switch access {
+        case .open, .session: break
+        case .service, .serviceWithoutUID, .sessionOrService: hasServiceRoutes = true
+        case .endingSession: preconditionFailure("\(Request.type): endingSession is checked by its handler; use on(_:access:...)")
+        }
+        let source = self.source
+        loop.add(
+            Request.self,
+            route: LoopRoutes.Route(
+                access: access, attachment: attachment, writes: writes, database: database,
+                run: { payload, context, db, responder in
+                    guard let request = payload as? Request else {
+                        throw ServiceError(.internalError, "\(Request.type) was read as the wrong type.")
+                    }
+                    let reply = LoopReply<Request.Response>(
+                        responder: responder, context: context, source: source, replyType: Request.replyType,
+                        replyUID: replyUID)
+                    guard let response = try handler(request, context, db, reply) else { return nil }
+                    return try reply.encode(response)
+                }))
+    }
+
+    /// Whether any request type is answered on the bus's own thread.
+    var hasLoopRoutes: Bool { !loop.isEmpty }
+
+    /// One request for a loop route, ready to run.
+    struct LoopJob: Sendable {
+        var raw: RawRequest
+        var route: LoopRoutes.Route
+        var payload: any Sendable
+        var context: RequestContext
+    }
+
+    /// Handles one batch on the bus's own thread: loop routes are read, checked, committed together
+    /// and answered; every other request is read as far as its header and handed to `defer`.
+    ///
+    /// - Parameters:
+    ///   - refusing: when set, every request is answered with this error instead (shutting down).
+    ///   - rejected: counts requests that could not be read.
+    func handleOnLoop(
+        _ batch: [RawRequest], refusing: ServiceError?, rejected: () -> Void, defer deferred: (IncomingRequest) -> Void
+    ) {
+        var jobs: [LoopJob] = []
+        for raw in batch {
+            let read: EnvelopeReader.Read
+            do throws(ServiceError) {
+                read = try loop.reader.read(raw.body)
+            } catch {
+                rejected()
+                raw.reply(Message.errorReply(error, correlationId: nil, source: source))
+                continue
+            }
+            let message = Message(read: read, body: raw.body, attachment: raw.attachment)
+            if let refusing {
+                raw.reply(message.errorReply(refusing, source: source))
+                continue
+            }
+            guard let route = loop[read.header.type], let payload = read.payload, !needsOwnHandler(read.header, route.access)
+            else {
+                deferred(raw.incoming(message))
+                continue
+            }
+            do throws(ServiceError) {
+                try route.attachment.check(raw.attachment, type: read.header.type)
+                if route.access == .session {
+                    try verifyThenRun(raw: raw, route: route, payload: payload, message: message)
+                    continue
+                }
+                let access: Access = route.access == .sessionOrService ? .service : route.access
+                let uid = try Self.resolveWithoutSession(header: read.header, access: access, serviceToken: serviceToken)
+                jobs.append(LoopJob(raw: raw, route: route, payload: payload, context: RequestContext(message: message, uid: uid)))
+            } catch {
+                raw.reply(message.errorReply(error, source: source))
+            }
+        }
+        run(jobs)
+    }
+
+    /// Asks for the session of a ``Access/session`` request, then runs it on the bus's thread.
+    private func verifyThenRun(raw: RawRequest, route: LoopRoutes.Route, payload: any Sendable, message: Message) throws(ServiceError) {
+        guard let token = message.header.sessionToken, !token.isEmpty else {
+            throw ServiceError(.unauthenticated, "This request needs the sessionToken from auth.signIn. Sign in first.")
+        }
+        guard let sessions = sessions as? any LoopSessionVerifier else {
+            throw ServiceError(.internalError, "This service cannot verify sessions.")
+        }
+        let dispatcher = self
+        sessions.uid(forSessionToken: token) { result in
+            switch result {
+            case .success(let uid):
+                dispatcher.run([LoopJob(raw: raw, route: route, payload: payload, context: RequestContext(message: message, uid: uid))])
+            case .failure(let error):
+                raw.reply(message.errorReply(error, source: dispatcher.source))
+            }
+        }
+    }
+
+    /// Runs `jobs` together and answers them (those whose handlers answer later, later).
+    private func run(_ jobs: [LoopJob]) {
+        guard !jobs.isEmpty else { return }
+        let replies: [OutgoingMessage?]
+        do {
+            replies = try runTogether(jobs)
+        } catch {
+            // One of them failed after writing (or the store failed): each on its own, so the
+            // others commit.
+            replies = jobs.map { job in
+                do {
+                    return try runTogether([job])[0]
+                } catch let error as ServiceError {
+                    return job.context.message.errorReply(error, source: source)
+                } catch {
+                    logger.error("\(job.context.message.header.type) failed: \(error)", metadata: ["id": "\(job.context.message.header.id)"])
+                    let failure = ServiceError(.storeUnavailable, "The store failed. Nothing was changed; try again.")
+                    return job.context.message.errorReply(failure, source: source)
+                }
+            }
+        }
+        for (job, reply) in zip(jobs, replies) {
+            if let reply { job.raw.reply(reply) }
+        }
+    }
+
+    /// Whether a ``Access/sessionOrService`` request is an app's, whose session the handler
+    /// registered with `on` verifies (as ``resolveUID`` decides).
+    private func needsOwnHandler(_ header: EnvelopeHeader, _ access: Access) -> Bool {
+        // Sessions that cannot be verified from the bus's thread are verified by that handler.
+        if access == .session { return !(sessions is any LoopSessionVerifier) }
+        guard access == .sessionOrService else { return false }
+        if header.sessionToken != nil { return true }
+        return serviceToken != nil && header.serviceToken == nil
+    }
+
+    /// Runs the jobs' handlers: the writing ones in one write transaction, the others on the
+    /// writer's connection outside a transaction.
+    /// A refusal before any change becomes that job's error reply; any other failure is thrown
+    /// (after rolling back).
+    private func runTogether(_ jobs: [LoopJob]) throws -> [OutgoingMessage?] {
+        var replies = [OutgoingMessage?](repeating: nil, count: jobs.count)
+        let source = self.source
+        for writes in [true, false] {
+            let indices = jobs.indices.filter { jobs[$0].route.writes == writes }
+            guard let first = indices.first else { continue }
+            let database = jobs[first].route.database
+            let run = { (db: Database) throws -> [OutgoingMessage?] in
+                try indices.map { index in
+                    let job = jobs[index]
+                    let changes = db.totalChangesCount
+                    do {
+                        return try job.route.run(job.payload, job.context, db, job.raw)
+                    } catch let refusal as ServiceError where db.totalChangesCount == changes {
+                        return job.context.message.errorReply(refusal, source: source)
+                    }
+                }
+            }
+            // Reads run on the writer's connection, between its transactions and outside one:
+            // no snapshot to open and close, and no write can come between a read's statements.
+            let made = writes ? try database.write(run) : try database.writeWithoutTransaction(run)
+            for (index, reply) in zip(indices, made) { replies[index] = reply }
+        }
+        return replies
+    }
+}
+
+extension AttachmentRule {
+    /// Refuses a binary frame this rule does not allow, or a missing one it requires.
+    func check(_ attachment: Data?, type: String) throws(ServiceError) {
+        switch (self, attachment) {
+        case (.none, .some):
+            throw ServiceError(.unexpectedFrames, "\(type) takes no binary frame; send the envelope alone.")
+        case (.required, .none):
+            throw ServiceError(.unexpectedFrames, "\(type) needs the data as a binary frame after the envelope.")
+        default:
+            break
+        }
+    }
+}
