@@ -32,6 +32,7 @@ let package = Package(
         .executable(name: "onboarding-client", targets: ["onboarding-client"]),
         .executable(name: "onboarding-chaos", targets: ["onboarding-chaos"]),
         .executable(name: "onboarding-bench", targets: ["onboarding-bench"]),
+        .executable(name: "onboarding-fake-provider", targets: ["onboarding-fake-provider"]),
         .library(name: "OnboardingGateway", targets: ["OnboardingGateway"]),
         .executable(name: "onboarding-gateway", targets: ["onboarding-gateway"]),
     ],
@@ -41,12 +42,14 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-async-algorithms", from: "1.1.4"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
-        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
+        // jwt-kit 5.7 and later need swift-crypto 4; everything else here takes 3 or 4.
+        .package(url: "https://github.com/apple/swift-crypto", "3.12.3"..<"5.0.0"),
         .package(url: "https://github.com/x-sheep/swift-property-based", from: "2.0.1"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
+        .package(url: "https://github.com/vapor/jwt-kit", from: "5.7.1"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
         .package(url: "https://github.com/vapor/multipart-kit", from: "4.7.1"),
-        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
         .package(url: "https://github.com/mattpolzin/OpenAPIKit", from: "6.4.0"),
     ],
     targets: [
@@ -108,12 +111,55 @@ let package = Package(
             ]
         ),
 
+        // MARK: Verifying who signs in (provider ID tokens against their key sets, Naver's profile API)
+
+        .target(
+            name: "AuthIdentity",
+            dependencies: [
+                "Messaging",
+                "OnboardingAPI",
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // A stand-in for Google, Apple, Kakao and Naver on loopback: key sets, rotation, Naver's
+        // profile API; mints tokens. For the tests and for trying production mode on a laptop.
+        .target(
+            name: "FakeIdentityProvider",
+            dependencies: [
+                "OnboardingAPI",
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "CryptoExtras", package: "swift-crypto"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .executableTarget(
+            name: "onboarding-fake-provider",
+            dependencies: [
+                "FakeIdentityProvider",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        .testTarget(
+            name: "AuthIdentityTests",
+            dependencies: [
+                "AuthIdentity", "AuthService", "FakeIdentityProvider", "ServiceRuntime",
+                .product(name: "JWTKit", package: "jwt-kit"),
+            ]
+        ),
+
         // MARK: Services
 
         .target(
             name: "AuthService",
             dependencies: [
                 "ServiceRuntime",
+                "AuthIdentity",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
@@ -270,6 +316,7 @@ let package = Package(
             dependencies: [
                 "OnboardingClient", "AuthService", "ProfileService", "ImageUploadService",
                 "OnboardingOrchestrator", "ZeroMQMessaging", "FuzzKit", "ImageFixtures", "OnboardingTesting",
+                "FakeIdentityProvider",
             ]
         ),
 

@@ -1,3 +1,5 @@
+import AuthIdentity
+import Foundation
 import Logging
 import Messaging
 import OnboardingAPI
@@ -9,9 +11,9 @@ import ServiceRuntime
 ///
 /// Requests (at ``Configuration/rpc``):
 /// - `auth.signIn` (open): verifies the identity, finds or creates the account, opens a session.
-/// - `auth.signOut` (session): ends the envelope's session. Safe to retry: a sign-out of a
-///   session that already ended (signed out or withdrawn, within the last 24 hours) answers the
-///   same uid and publishes nothing.
+/// - `auth.signOut` (session): ends the envelope's session (with `everywhere`, every session of
+///   its account). Safe to retry: a sign-out of a session that already ended (signed out,
+///   withdrawn or expired, within the last 24 hours) answers the same uid and publishes nothing.
 /// - `auth.withdraw` (session): deletes the account and all its sessions. Safe to retry: a
 ///   withdrawal of a session that was withdrawn answers the same uid and publishes nothing; one
 ///   of a session that was only signed out is `unauthenticated`.
@@ -39,6 +41,13 @@ public struct AuthService: Service {
         public var serviceToken: String?
         /// How long published events are kept for replay.
         public var eventRetention: Outbox.Retention
+        /// How sign-ins are verified outside dev mode: each provider's client ids, issuer and key
+        /// set URL (Naver: its profile API). A provider without client ids refuses its sign-ins.
+        public var identityProviders: IdentityProviderSettings
+        /// How long sessions live unused (30 days) and how many an account holds (10).
+        public var sessions: SessionPolicy
+        /// The time sessions are stamped and judged with (tests move it).
+        public var clock: @Sendable () -> Date
 
         public init(
             rpc: Endpoint = Defaults.authRPC,
@@ -46,7 +55,10 @@ public struct AuthService: Service {
             databasePath: String? = nil,
             devMode: Bool = false,
             serviceToken: String? = nil,
-            eventRetention: Outbox.Retention = Outbox.Retention()
+            eventRetention: Outbox.Retention = Outbox.Retention(),
+            identityProviders: IdentityProviderSettings = IdentityProviderSettings(),
+            sessions: SessionPolicy = SessionPolicy(),
+            clock: @escaping @Sendable () -> Date = { Date() }
         ) {
             self.rpc = rpc
             self.events = events
@@ -54,6 +66,9 @@ public struct AuthService: Service {
             self.devMode = devMode
             self.serviceToken = serviceToken
             self.eventRetention = eventRetention
+            self.identityProviders = identityProviders
+            self.sessions = sessions
+            self.clock = clock
         }
     }
 
@@ -64,8 +79,8 @@ public struct AuthService: Service {
     private let trustsSubjects: Bool
 
     /// - Parameter identities: verifies sign-ins. When `nil`, dev mode picks
-    ///   ``DevModeIdentityVerifier``; without dev mode every sign-in is refused with
-    ///   `unauthenticated` until real ID-token verification exists.
+    ///   ``DevModeIdentityVerifier``; without dev mode, ``ProviderIdentityVerifier`` verifies
+    ///   tokens with the providers of ``Configuration/identityProviders``.
     /// - Throws: ``ServiceError`` `invalidRequest` when the configuration cannot work (the same
     ///   endpoint for requests and events, or an empty database path).
     public init(
@@ -88,7 +103,7 @@ public struct AuthService: Service {
             self.identities = DevModeIdentityVerifier()
             self.trustsSubjects = true
         } else {
-            self.identities = UnavailableIdentityVerifier()
+            self.identities = ProviderIdentityVerifier(settings: configuration.identityProviders, logger: logger)
             self.trustsSubjects = false
         }
     }
@@ -101,13 +116,16 @@ public struct AuthService: Service {
     public func run() async throws {
         if trustsSubjects {
             logger.warning("DEV MODE: sign-in accepts provider subjects without ID tokens. Never run this in production.")
+        } else if let providers = identities as? ProviderIdentityVerifier {
+            for line in providers.settings.summary { logger.notice("sign-in with \(line)") }
         }
         let database = try ServiceDatabase.open(path: configuration.databasePath)
         try AuthStore.migrator.migrate(database)
         let publisher = try await bus.publisher(at: configuration.events)
         defer { publisher.close() }
         logger.info("auth publishes events at \(configuration.events)")
-        let store = AuthStore(database: database, outbox: Outbox(source: ServiceName.auth, publisher: publisher), logger: logger)
+        let store = AuthStore(database: database, outbox: Outbox(source: ServiceName.auth, publisher: publisher), logger: logger,
+            clock: configuration.clock, sessions: configuration.sessions)
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc,
             dispatcher: Self.dispatcher(
@@ -129,14 +147,16 @@ public struct AuthService: Service {
             // sign-ins per transaction.
             let outbox = store.outbox
             dispatcher.onLoop(SignIn.self, access: .open, database: store.database) { request, context, db in
-                let subject = try immediate.verifyNow(provider: request.provider, subject: request.subject, idToken: request.idToken)
+                let subject = try immediate.verifyNow(request)
                 return try AuthStore.signIn(
-                    provider: request.provider, subject: subject, correlationId: context.message.header.id, outbox: outbox, in: db)
+                    provider: request.provider, subject: subject, correlationId: context.message.header.id, outbox: outbox,
+                    sessions: store.sessions, now: store.clock(), in: db)
             }
         } else {
             dispatcher.on(SignIn.self, access: .open) { request, context in
-            let subject = try await identities.verify(
-                provider: request.provider, subject: request.subject, idToken: request.idToken)
+            // Verified before the store is touched: a sign-in whose keys must be fetched (or
+            // that Naver must answer) waits here, off the bus's thread.
+            let subject = try await identities.verify(request)
             let result = try await store.signIn(
                 provider: request.provider, subject: subject, correlationId: context.message.header.id)
             // Per sign-in: debug, so that 1,000 sign-ins/s do not flood the log.
@@ -148,9 +168,10 @@ public struct AuthService: Service {
         }
         // Sign-out and withdrawal check the token themselves, in the transaction that ends the
         // session, so that a retry after the session ended is answered as the first one was.
-        dispatcher.on(SignOut.self, access: .endingSession, replyUID: \.uid) { _, context in
+        dispatcher.on(SignOut.self, access: .endingSession, replyUID: \.uid) { request, context in
             let uid = try await store.signOut(
-                token: context.message.header.sessionToken ?? "", correlationId: context.message.header.id)
+                token: context.message.header.sessionToken ?? "", everywhere: request.everywhere == true,
+                correlationId: context.message.header.id)
             logger.debug("signed out", metadata: ["uid": "\(uid)"])
             return AccountResult(uid: uid)
         }
@@ -161,8 +182,25 @@ public struct AuthService: Service {
             return AccountResult(uid: uid)
         }
         // Every other service asks this for each app request: answered on the bus's thread.
-        dispatcher.onLoop(VerifySession.self, access: .open, database: store.database, writes: false) { request, _, db in
-            AccountResult(uid: try AuthStore.uid(ofSession: request.sessionToken, in: db))
+        // A session whose use must be recorded (at most hourly) or that just expired needs a
+        // write: that rare case is answered later, from the async path.
+        dispatcher.onLoop(VerifySession.self, access: .open, database: store.database, writes: false) {
+            request, _, db, reply -> AccountResult? in
+            switch try AuthStore.lookUp(token: request.sessionToken, policy: store.sessions, now: store.clock(), in: db) {
+            case .live(let uid, renew: false):
+                return AccountResult(uid: uid)
+            case .ended(let ending):
+                throw AuthStore.refusal(ending)
+            case .live(_, renew: true), .expired:
+                Task {
+                    do {
+                        reply.send(.success(AccountResult(uid: try await store.uid(forSessionToken: request.sessionToken))))
+                    } catch {
+                        reply.send(.failure(error as? ServiceError ?? ServiceError(.storeUnavailable, "\(error)")))
+                    }
+                }
+                return nil
+            }
         }
         dispatcher.onEventsAfter(database: store.database)
         return dispatcher

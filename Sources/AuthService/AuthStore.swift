@@ -11,6 +11,10 @@ enum SessionEnding: String, Sendable {
     case signOut
     /// `auth.withdraw`: the account was deleted, with every session.
     case withdrawal
+    /// Not used for ``SessionPolicy/lifetime``.
+    case expired
+    /// Ended by a sign-in beyond ``SessionPolicy/maximumPerAccount``.
+    case evicted
 }
 
 /// Accounts and sessions in SQLite, with the events each change causes written to the outbox in
@@ -42,6 +46,8 @@ struct AuthStore: SessionVerifier {
     var logger: Logger? = nil
     /// The time ended sessions are stamped and judged with (tests move it).
     var clock: @Sendable () -> Date = { Date() }
+    /// How long sessions live and how many an account may hold.
+    var sessions = SessionPolicy()
 
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
@@ -79,6 +85,7 @@ struct AuthStore: SessionVerifier {
                 table.column("endedAt", .text).notNull().indexed()
             }
         }
+        registerSessionLifetimeMigration(in: &migrator)
         return migrator
     }
 
@@ -87,22 +94,26 @@ struct AuthStore: SessionVerifier {
     /// Race-safe across tasks and processes: the insert yields to the UNIQUE(provider, subject)
     /// constraint, so simultaneous first sign-ins of one account all read back the same uid.
     func signIn(provider: Provider, subject: String, correlationId: String) async throws -> SignInResult {
-        let outbox = self.outbox
+        let (outbox, policy, clock) = (self.outbox, sessions, clock)
         return try await withStore(database, logger: logger) { db in
-            try Self.signIn(provider: provider, subject: subject, correlationId: correlationId, outbox: outbox, in: db)
+            try Self.signIn(
+                provider: provider, subject: subject, correlationId: correlationId, outbox: outbox, sessions: policy,
+                now: clock(), in: db)
         }
     }
 
     /// ``signIn(provider:subject:correlationId:)`` inside the caller's write transaction: auth's
-    /// hot path, many sign-ins to one transaction.
+    /// hot path, many sign-ins to one transaction. `sessions` and `now` decide which of the
+    /// account's sessions end with it (``applySessionPolicy(_:uid:isNewAccount:now:outbox:correlationId:in:)``).
     static func signIn(
-        provider: Provider, subject: String, correlationId: String, outbox: Outbox, in db: Database
+        provider: Provider, subject: String, correlationId: String, outbox: Outbox, sessions policy: SessionPolicy,
+        now date: Date, in db: Database
     ) throws -> SignInResult {
         // Time-ordered: new accounts (and the orchestrator's people) go to the end of their
         // tables' indexes.
         let candidateUID = Identifier.timeOrdered()
         let token = SessionToken.make()
-        let now = Timestamp.now()
+        let now = Timestamp.format(date)
         try db.executeCached(
             """
             INSERT INTO account (uid, provider, subject, createdAt) VALUES (?, ?, ?, ?)
@@ -124,7 +135,10 @@ struct AuthStore: SessionVerifier {
             uid = existing
         }
         try db.executeCached(
-            "INSERT INTO session (token, uid, createdAt) VALUES (?, ?, ?)", [SessionToken.digest(token), uid, now])
+            "INSERT INTO session (token, uid, createdAt, lastUsedAt) VALUES (?, ?, ?, ?)",
+            [SessionToken.digest(token), uid, now, now])
+        try applySessionPolicy(
+            policy, uid: uid, isNewAccount: isNewAccount, now: date, outbox: outbox, correlationId: correlationId, in: db)
         // A new account has this one session; no need to count.
         let sessions = isNewAccount ? 1 : try liveSessions(of: uid, in: db)
         try outbox.append(
@@ -139,12 +153,13 @@ struct AuthStore: SessionVerifier {
     /// - Returns: the session's uid.
     /// - Throws: `unauthenticated` when the token is neither a live session nor one that ended
     ///   (signed out or withdrawn) within ``endedSessionRetention``.
-    func signOut(token: String, correlationId: String) async throws -> String {
+    func signOut(token: String, everywhere: Bool = false, correlationId: String) async throws -> String {
         let (outbox, now) = (self.outbox, clock())
         return try await withStore(database, logger: logger) { db in
             let digest = SessionToken.digest(token)
             if let uid = try Self.liveUID(ofSession: token, in: db) {
                 try db.execute(sql: "DELETE FROM session WHERE token = ?", arguments: [digest])
+                if everywhere { try db.execute(sql: "DELETE FROM session WHERE uid = ?", arguments: [uid]) }
                 try Self.recordEnding(.signOut, digest: digest, uid: uid, at: now, in: db)
                 try outbox.append(
                     SignedOut(uid: uid, sessions: try Self.liveSessions(of: uid, in: db)), uid: uid,
@@ -164,10 +179,12 @@ struct AuthStore: SessionVerifier {
     /// - Throws: `unauthenticated` when the token is neither a live session nor one that was
     ///   withdrawn within ``endedSessionRetention`` (a signed-out session cannot withdraw).
     func withdraw(token: String, correlationId: String) async throws -> String {
-        let (outbox, now) = (self.outbox, clock())
+        let (outbox, now, policy) = (self.outbox, clock(), sessions)
         return try await withStore(database, logger: logger) { db in
             let digest = SessionToken.digest(token)
-            if let uid = try Self.liveUID(ofSession: token, in: db) {
+            if let uid = try Self.liveUID(ofSession: token, in: db),
+                try !Self.isExpired(token: token, policy: policy, now: now, in: db)
+            {
                 try db.execute(sql: "DELETE FROM account WHERE uid = ?", arguments: [uid])
                 try Self.recordEnding(.withdrawal, digest: digest, uid: uid, at: now, in: db)
                 try outbox.append(Withdrawn(uid: uid), uid: uid, correlationId: correlationId, in: db)
@@ -180,7 +197,7 @@ struct AuthStore: SessionVerifier {
 
     /// Records that the session with `digest` ended, and forgets the endings older than the
     /// retention window (an indexed range delete, so each ending pays for the few before it).
-    private static func recordEnding(_ ending: SessionEnding, digest: String, uid: String, at now: Date, in db: Database) throws {
+    static func recordEnding(_ ending: SessionEnding, digest: String, uid: String, at now: Date, in db: Database) throws {
         try db.execute(
             sql: "DELETE FROM endedSession WHERE endedAt < ?",
             arguments: [Timestamp.format(now.addingTimeInterval(-endedSessionRetention))])
@@ -190,7 +207,7 @@ struct AuthStore: SessionVerifier {
     }
 
     /// How the session with `digest` ended, if it did within the retention window before `now`.
-    private static func ended(digest: String, asOf now: Date, in db: Database) throws -> (uid: String, ending: SessionEnding)? {
+    static func ended(digest: String, asOf now: Date, in db: Database) throws -> (uid: String, ending: SessionEnding)? {
         let cutoff = Timestamp.format(now.addingTimeInterval(-endedSessionRetention))
         guard
             let row = try Row.fetchOne(
@@ -200,13 +217,9 @@ struct AuthStore: SessionVerifier {
         return (row["uid"], ending)
     }
 
+    /// The uid of `token`'s live session; a use that slides its expiry (see ``SessionPolicy``).
     func uid(forSessionToken token: String) async throws -> String {
-        try await withStore(database, write: false, logger: logger) { db in try Self.uid(ofSession: token, in: db) }
-    }
-
-    static func uid(ofSession token: String, in db: Database) throws -> String {
-        guard let uid = try liveUID(ofSession: token, in: db) else { throw unauthenticated }
-        return uid
+        try await liveSessionUID(token: token)
     }
 
     /// The uid of `token`'s live session, or `nil`.

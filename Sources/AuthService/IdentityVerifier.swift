@@ -1,32 +1,55 @@
+import AuthIdentity
 import Foundation
 import Messaging
 import OnboardingAPI
 
 /// Proves that the person signing in controls the provider account they name.
 ///
-/// This is the seam for verifying real provider ID tokens (Google, Apple, Kakao, Naver): an
-/// implementation checks `idToken`'s signature, issuer, audience and expiry, and returns the
-/// token's `sub`. Auth keys accounts on the subject this returns, never on the one sent.
+/// ``ProviderIdentityVerifier`` (in `AuthIdentity`) is the real one: it checks Google, Apple and
+/// Kakao ID tokens against the providers' published keys and asks Naver's profile API about
+/// access tokens, and returns the provider's subject. Auth keys accounts on the subject this
+/// returns, never on the one sent.
 ///
 /// Thread safety: implementations are `Sendable`; auth calls `verify` from many tasks at once.
 public protocol IdentityVerifier: Sendable {
     /// Checks a sign-in and returns the verified provider subject.
     ///
-    /// - Throws: ``ServiceError`` `unauthenticated` when the proof fails, `invalidRequest` when
-    ///   the input is malformed, or `dependencyUnavailable` when the provider could not be asked.
-    func verify(provider: Provider, subject: String, idToken: String?) async throws -> String
+    /// - Throws: ``ServiceError`` `unauthenticated` when the proof fails (its `reason` says
+    ///   why), `invalidRequest` when the input is malformed, or `dependencyUnavailable` when the
+    ///   provider could not be asked (retry).
+    func verify(_ request: SignIn) async throws -> String
+
+    /// The same answer as ``verify(_:)`` when it can be given at once, without waiting on
+    /// anything slow (no network, no lock held for long); `nil` when ``verify(_:)`` must be
+    /// awaited. For a caller on a thread that must not suspend (the bus's own): try this first.
+    func verifyCached(_ request: SignIn) -> Result<String, ServiceError>?
+}
+
+extension IdentityVerifier {
+    /// By default nothing is known at once.
+    public func verifyCached(_ request: SignIn) -> Result<String, ServiceError>? { nil }
+
+    /// The earlier form of ``verify(_:)``, for callers that have no `SignIn` at hand: without
+    /// `accessToken` and `nonce`, so Naver sign-ins and nonces cannot be checked through it.
+    public func verify(provider: Provider, subject: String, idToken: String?) async throws -> String {
+        try await verify(SignIn(provider: provider, subject: subject, idToken: idToken))
+    }
 }
 
 /// A verifier that never waits (no network, no other service): auth then signs people in on its
 /// hot path, on the bus's own thread, many sign-ins to a transaction.
 public protocol ImmediateIdentityVerifier: IdentityVerifier {
-    /// Checks a sign-in at once; the same answers and errors as ``IdentityVerifier/verify(provider:subject:idToken:)``.
-    func verifyNow(provider: Provider, subject: String, idToken: String?) throws -> String
+    /// Checks a sign-in at once; the same answers and errors as ``IdentityVerifier/verify(_:)``.
+    func verifyNow(_ request: SignIn) throws -> String
 }
 
 extension ImmediateIdentityVerifier {
-    public func verify(provider: Provider, subject: String, idToken: String?) async throws -> String {
-        try verifyNow(provider: provider, subject: subject, idToken: idToken)
+    public func verify(_ request: SignIn) async throws -> String {
+        try verifyNow(request)
+    }
+
+    public func verifyCached(_ request: SignIn) -> Result<String, ServiceError>? {
+        Result { try verifyNow(request) }.mapError { $0 as? ServiceError ?? ServiceError(.internalError, "\($0)") }
     }
 }
 
@@ -42,7 +65,8 @@ public struct DevModeIdentityVerifier: ImmediateIdentityVerifier {
 
     /// - Returns: the trimmed subject.
     /// - Throws: ``ServiceError`` `invalidRequest` when the subject is empty or too long.
-    public func verifyNow(provider: Provider, subject: String, idToken: String?) throws -> String {
+    public func verifyNow(_ request: SignIn) throws -> String {
+        let subject = request.subject
         // The usual subject (printable ASCII at both ends, short) needs no Unicode work.
         if let first = subject.utf8.first, let last = subject.utf8.last, Self.isPrintableASCII(first),
             Self.isPrintableASCII(last), subject.utf8.count <= Self.maximumSubjectLength
@@ -66,12 +90,19 @@ extension DevModeIdentityVerifier {
     private static func isPrintableASCII(_ byte: UInt8) -> Bool { byte > 0x20 && byte < 0x7F }
 }
 
-/// What auth uses when dev mode is off and no real verifier was given: it refuses every sign-in.
-struct UnavailableIdentityVerifier: ImmediateIdentityVerifier {
-    func verifyNow(provider: Provider, subject: String, idToken: String?) throws -> String {
-        throw ServiceError(
-            .unauthenticated,
-            "Verifying \(provider.rawValue) ID tokens is not built yet, so this auth service cannot sign anyone in. "
-                + "For local use, start auth with --dev-mode (or ONBOARDING_AUTH_DEV_MODE=1).")
+/// The real providers, as auth's ``IdentityVerifier``: the request's `idToken`, `accessToken`
+/// and `nonce` are the proof; its `subject` is not trusted (the verified one is returned).
+/// Not immediate: a key set may have to be fetched, and Naver is always asked.
+extension ProviderIdentityVerifier: IdentityVerifier {
+    public func verify(_ request: SignIn) async throws -> String {
+        try await verify(Self.proof(request))
+    }
+
+    public func verifyCached(_ request: SignIn) -> Result<String, ServiceError>? {
+        verifyCached(Self.proof(request))
+    }
+
+    static func proof(_ request: SignIn) -> SignInProof {
+        SignInProof(provider: request.provider, idToken: request.idToken, accessToken: request.accessToken, nonce: request.nonce)
     }
 }

@@ -50,15 +50,23 @@ struct SignInCommand: AsyncParsableCommand {
 
     @Option(help: "google, apple, kakao or naver.")
     var provider: Provider
-    @Option(help: "The provider's id for the account (in dev mode, any name you like).")
-    var subject: String
-    @Option(help: "The provider's ID token (not needed when auth runs in dev mode).")
+    @Option(help: "The provider's id for the account: all dev mode needs (any name you like); ignored otherwise.")
+    var subject: String = ""
+    @Option(help: "Google, Apple, Kakao: the provider's ID token (onboarding-fake-provider token makes one for a local fake).")
     var idToken: String?
+    @Option(help: "Naver: the access token from Naver's sign-in.")
+    var accessToken: String?
+    @Option(help: "The raw nonce given to the provider's sign-in, when there was one; the ID token must carry it.")
+    var nonce: String?
+    @Option(help: "Apple: the authorization code of the same sign-in (accepted, not used yet).")
+    var authorizationCode: String?
     @OptionGroup var options: ClientOptions
 
     func run() async throws {
         let result = try await options.withClient { client in
-            try await client.signIn(provider: provider, subject: subject, idToken: idToken)
+            try await client.signIn(
+                provider: provider, subject: subject, idToken: idToken, accessToken: accessToken, nonce: nonce,
+                authorizationCode: authorizationCode)
         }
         try options.sessionFile.save(.init(uid: result.uid, sessionToken: result.sessionToken, provider: result.provider))
         if options.json { return Terminal.line(Terminal.json(result)) }
@@ -149,13 +157,15 @@ struct ProfileCommand: AsyncParsableCommand {
 
 struct SignOutCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "sign-out", abstract: "End the session; the profile stays.")
+    @Flag(help: "End every session of the account, on every device.")
+    var everywhere = false
     @OptionGroup var options: ClientOptions
 
     func run() async throws {
         let session = try options.sessionFile.require()
-        try await options.withClient { try await $0.signOut() }
+        try await options.withClient { try await $0.signOut(everywhere: everywhere) }
         try options.sessionFile.save(nil)
-        Terminal.line("signed out \(session.uid)")
+        Terminal.line("signed out \(session.uid)\(everywhere ? " everywhere" : "")")
     }
 }
 

@@ -38,6 +38,12 @@ enum Terminal {
             "Is the system running? Start it with ./compose/onboarding up, or check the endpoint flags."
         case .timeout:
             "The service did not answer in time. Look at its log lines in the compose terminal."
+        case .unauthenticated where error.reason == "providerNotConfigured":
+            "Sign in with a provider this auth service verifies (its log lists them at start), or give auth the setting named above."
+        case .unauthenticated where error.reason == "sessionExpired" || error.reason == "sessionEvicted":
+            "The session ended by itself; sign in again (onboarding-client sign-in)."
+        case .unauthenticated where error.reason != nil:
+            "The sign-in proof was refused: get a new token from the provider (locally: onboarding-fake-provider token) and sign in again."
         case .unauthenticated:
             "Sign in again: onboarding-client sign-in --provider google --subject <someone>"
         case .invalidUsername:
@@ -48,6 +54,8 @@ enum Terminal {
             "This person already has a profile: onboarding-client profile shows it."
         case .imageRejected:
             "Use a whole PNG, JPEG, WebP or HEIC image within the size and pixel limits (the message says which)."
+        case .dependencyUnavailable where Provider(rawValue: error.reason ?? "") != nil:
+            "The sign-in provider (\(error.reason ?? "")) could not be asked: its key set or API is down or slow. Try again."
         case .dependencyUnavailable:
             "A service behind this one is down or slow; ./compose/onboarding status shows which. Try again."
         default:

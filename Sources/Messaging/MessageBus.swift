@@ -64,8 +64,10 @@ public protocol MessageBus: Sendable {
     /// thread, in batches: every request read from the endpoint in one pass, in arrival order.
     ///
     /// This is the hot path of a service (see `BusLoop.swift`): the handler reads each request
-    /// once, may commit the whole batch in one transaction, and answers; replies and events sent
-    /// during the call leave when it returns, in order. It must not wait for other services.
+    /// once, may commit the whole batch in one transaction, and answers. Replies and events leave
+    /// in the order they were sent (on ZeroMQ when the call returns, with no hand-off to another
+    /// thread; in process, at once). The handler must not wait for other services. ZeroMQ hands
+    /// over every request read in one pass; the in-process bus one request per call.
     /// A request the bus cannot take (frames over the limits) is answered by the bus, as with
     /// ``serve(at:limits:)``. The bus sets no bound on requests the handler leaves unanswered
     /// (handed to other work): the handler bounds them, answering `overloaded` beyond its limit.
@@ -77,15 +79,16 @@ public protocol MessageBus: Sendable {
 
     /// Sends `message` to the server at `endpoint` and hands its reply (error replies included),
     /// or the failure (`timeout`, `noResponder`, `messageTooLarge`, `closed`, `invalidMessage`),
-    /// to `callback` on the bus's own thread, once. Never blocks; called from a loop handler, the
-    /// request leaves when the handler returns. The callback must not wait for other services.
+    /// to `callback` on the bus's own thread, once (after the bus has shut down: at once, on the
+    /// calling thread, with `closed`). Never blocks; called from a loop handler, the request
+    /// leaves when the handler returns. The callback must not wait for other services.
     func request(
         _ message: OutgoingMessage, to endpoint: Endpoint, timeout: Duration,
         onLoop callback: @escaping @Sendable (Result<Message, ServiceError>) -> Void)
 
-    /// Runs `job` on the bus's own thread, after what is already queued there: the way into a
-    /// service's hot path from a task (a timer, a call's outcome). What the job sends leaves when
-    /// it returns.
+    /// Runs `job` on the bus's own thread, in turn with the other work there: the way into a
+    /// service's hot path from a task (a timer, a call's outcome). What the job sends leaves after
+    /// what was sent before it ran.
     ///
     /// - Returns: `false` when the bus has shut down and the job will never run.
     @discardableResult

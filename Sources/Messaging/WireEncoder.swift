@@ -79,7 +79,8 @@ private final class ObjectNode {
     }
 
     func sortedMembers() -> [(key: String, value: Node)] {
-        members.sorted { $0.key < $1.key }
+        // By UTF-8 bytes, as Foundation's sorted keys are.
+        members.sorted { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
     }
 }
 

@@ -67,16 +67,31 @@ public struct SignIn: APIRequest {
     public static let type = "auth.signIn"
 
     public var provider: Provider
-    /// The provider's stable id for the account (the ID token's `sub`).
+    /// The provider's id for the account. Trusted only in local dev mode, which accepts it
+    /// without a token; otherwise the subject comes from the verified token and this is ignored
+    /// (send the id the provider gave the app, or an empty string).
     public var subject: String
-    /// The provider's ID token. Required unless auth runs in local dev mode, which accepts a
-    /// subject without one.
+    /// Google, Apple, Kakao: the OpenID Connect ID token the provider's sign-in gave the app.
     public var idToken: String?
+    /// Naver: the OAuth access token the Naver sign-in gave the app (Naver has no ID token).
+    public var accessToken: String?
+    /// The raw nonce the app made and passed to the provider's sign-in, if it made one: the ID
+    /// token must then carry it (Apple: its SHA-256 in lowercase hex, as Apple puts it).
+    public var nonce: String?
+    /// Apple: the authorization code of the same sign-in. Accepted and not used yet (a later
+    /// version exchanges it to unlink the account at Apple on withdrawal).
+    public var authorizationCode: String?
 
-    public init(provider: Provider, subject: String, idToken: String? = nil) {
+    public init(
+        provider: Provider, subject: String, idToken: String? = nil, accessToken: String? = nil, nonce: String? = nil,
+        authorizationCode: String? = nil
+    ) {
         self.provider = provider
         self.subject = subject
         self.idToken = idToken
+        self.accessToken = accessToken
+        self.nonce = nonce
+        self.authorizationCode = authorizationCode
     }
 }
 
@@ -95,11 +110,14 @@ public struct SignInResult: Codable, Sendable, Hashable {
     }
 }
 
-/// `auth.signOut`: ends the session named by the envelope's `sessionToken`.
+/// `auth.signOut`: ends the session named by the envelope's `sessionToken`, or with
+/// ``everywhere`` every session of its account.
 public struct SignOut: APIRequest {
     public typealias Response = AccountResult
     public static let type = "auth.signOut"
-    public init() {}
+    /// `true`: end every session of the account (sign out on every device). Absent: this one.
+    public var everywhere: Bool?
+    public init(everywhere: Bool? = nil) { self.everywhere = everywhere }
 }
 
 /// `auth.withdraw`: deletes the account of the envelope's `sessionToken`, and with it every

@@ -91,9 +91,15 @@ public final class OnboardingClient: Sendable {
     /// Resent only when the request provably was not handled (see the type's notes on retries);
     /// a `timeout` is thrown.
     @discardableResult
-    public func signIn(provider: Provider, subject: String, idToken: String? = nil) async throws -> SignInResult {
+    public func signIn(
+        provider: Provider, subject: String, idToken: String? = nil, accessToken: String? = nil, nonce: String? = nil,
+        authorizationCode: String? = nil
+    ) async throws -> SignInResult {
+        let request = SignIn(
+            provider: provider, subject: subject, idToken: idToken, accessToken: accessToken, nonce: nonce,
+            authorizationCode: authorizationCode)
         let result = try await call(
-            SignIn(provider: provider, subject: subject, idToken: idToken), to: configuration.authRPC,
+            request, to: configuration.authRPC,
             retryingOn: ErrorCode.notHandled)
         currentSession.withLock {
             $0 = Session(uid: result.uid, sessionToken: result.sessionToken, provider: result.provider)
@@ -104,8 +110,9 @@ public final class OnboardingClient: Sendable {
     /// Ends the session. Cached data about the person is forgotten; the profile stays.
     ///
     /// Retried: a repeat of a sign-out that happened is answered as the first one was.
-    public func signOut() async throws {
-        _ = try await userCall(SignOut(), to: configuration.authRPC)
+    /// - Parameter everywhere: end every session of the account (every device), not only this one.
+    public func signOut(everywhere: Bool = false) async throws {
+        _ = try await userCall(SignOut(everywhere: everywhere ? true : nil), to: configuration.authRPC)
         currentSession.withLock { $0 = nil }
     }
 

@@ -117,9 +117,12 @@ public struct OnboardingGateway: Service {
         try limit(signIns, request, context, what: "sign-ins")
         try request.requireJSON()
         let body = try await request.boundedBody(limit: RequestLimits.smallBody)
-        let signIn = try StrictJSON.decode(SignIn.self, from: body, allowedFields: ["provider", "subject", "idToken"])
+        let signIn = try StrictJSON.decode(
+            SignIn.self, from: body,
+            allowedFields: ["provider", "subject", "idToken", "accessToken", "nonce", "authorizationCode"])
         let result = try await makeClient(token: nil).signIn(
-            provider: signIn.provider, subject: signIn.subject, idToken: signIn.idToken)
+            provider: signIn.provider, subject: signIn.subject, idToken: signIn.idToken, accessToken: signIn.accessToken,
+            nonce: signIn.nonce, authorizationCode: signIn.authorizationCode)
         return try Self.json(result)
     }
 

@@ -107,9 +107,15 @@ final class Engine: Sendable {
         }
     }
 
-    /// Refuses what is queued from now on (``stopping``); what was queued still commits.
+    /// Refuses what is queued from now on (``stopping``); what was queued still commits. Anyone
+    /// still waiting for a "check me now" is told to ask again.
     func stopTakingInputs() {
         inbox.withLock { $0.closed = true }
+        let waiting = waiters.withLock { waiters in
+            defer { waiters = [:] }
+            return Array(waiters.values)
+        }
+        for answer in waiting { answer(.failure(Self.stopping)) }
     }
 
     /// Reads the events the engine handles in one pass, payload included.
@@ -215,7 +221,14 @@ final class Engine: Sendable {
         db.afterNextTransaction(onCommit: { _ in }, onRollback: { [self] _ in stale.store(true, ordering: .releasing) })
         if stale.exchange(false, ordering: .acquiringAndReleasing) {
             // An earlier transaction rolled back after changing the machine: memory ran ahead of
-            // the store. Start again from what is stored, and resume the work under way.
+            // the store. Start again from what is stored, and resume the work under way. The
+            // machine forgets who waits for a "check me now": they are told to ask again.
+            let waiting = waiters.withLock { waiters in
+                defer { waiters = [:] }
+                return Array(waiters.values)
+            }
+            let failure = ServiceError(.storeUnavailable, "The orchestrator could not store a decision; try again.")
+            for answer in waiting { answer(.failure(failure)) }
             machine.reset()
             for (uid, person) in try OrchestratorStore.peopleWithWork(in: db) {
                 later += machine.restore(uid: uid, person)

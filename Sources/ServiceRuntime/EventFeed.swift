@@ -32,7 +32,8 @@ public final class EventFeed: Sendable {
 
     /// Handles a batch of live events on the bus's own thread (the hot path), then stores
     /// `through` as the cursor, as ``Handler`` does, without waiting for anything but the
-    /// database. A failure hands the batch back to the ``Handler``, which retries.
+    /// database. After a failure the feed fetches the batch again (`events.after`) and hands it
+    /// to the ``Handler``, which retries.
     public typealias LoopHandler = @Sendable (_ batch: [Message], _ through: UInt64) throws -> Void
 
     public let events: Endpoint
@@ -48,8 +49,11 @@ public final class EventFeed: Sendable {
     private let limits: MessageLimits
     private let logger: Logger
     private let shared: Mutex<FeedStatistics>
-    /// Who delivers live events now: the bus's thread (``LiveState/live``) or the follower task.
+    /// Who delivers live events now: the bus's thread (``LiveState/delivering``) or the follower task.
     private let liveState = Mutex(LiveState())
+    /// When the bus's thread last delivered (monotonic nanoseconds, 0: never): the follower's
+    /// idle check waits for quiet. Outside the lock, which is held while a batch commits.
+    private let lastLiveDelivery = Atomic<UInt64>(0)
 
     /// - Parameters:
     ///   - events: the publisher's event endpoint (PUB).
@@ -145,14 +149,13 @@ public final class EventFeed: Sendable {
         var progress: FeedProgress?
         /// The loop handed delivery back and the follower must fetch from the cursor first.
         var needsCatchUp = false
-        /// When the loop last delivered: the follower's idle check waits for quiet.
-        var lastDelivery: ContinuousClock.Instant?
         var mailbox: LiveMailbox?
     }
 
     /// Subscribes with a handler on the bus's thread, trying until it works. `nil` when cancelled.
     private func subscribeOnLoop(reader: EnvelopeReader, mailbox: LiveMailbox, handle: @escaping LoopHandler) async -> (any BusLoopRegistration)? {
         liveState.withLock { $0 = LiveState(mailbox: mailbox) }
+        lastLiveDelivery.store(0, ordering: .relaxed)
         return await subscribing {
             try await bus.subscribe(to: [events], topics: [""], limits: limits) { [self] batch in
                 onLoop(batch, reader: reader, handle: handle)
@@ -185,7 +188,7 @@ public final class EventFeed: Sendable {
                 do {
                     try handle(step.batch, step.through)
                     progress.handled(step.batch.count, through: step.through, replayed: false)
-                    state.lastDelivery = .now
+                    lastLiveDelivery.store(Self.monotonicNanoseconds(), ordering: .relaxed)
                 } catch {
                     logger.error("handling live events up to \(step.through) from \(events) failed (\(error)); fetching them again")
                     state.progress = progress
@@ -216,6 +219,12 @@ public final class EventFeed: Sendable {
             state.delivering = true
             return true
         }
+    }
+
+    private static func monotonicNanoseconds() -> UInt64 {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
     }
 
     /// Takes delivery back from the bus's thread (if it has it), with the progress it made.
@@ -250,8 +259,10 @@ public final class EventFeed: Sendable {
                         return
                     case .timedOut:
                         if Task.isCancelled { return }
-                        let lastDelivery = liveState.withLock { $0.lastDelivery }
-                        if let lastDelivery, lastDelivery.duration(to: .now) < idleCheck { continue waiting }
+                        let last = lastLiveDelivery.load(ordering: .relaxed)
+                        let (seconds, attoseconds) = idleCheck.components
+                        let quiet = UInt64(max(0, seconds)) * 1_000_000_000 + UInt64(max(0, attoseconds) / 1_000_000_000)
+                        if last > 0, Self.monotonicNanoseconds() &- last < quiet { continue waiting }
                         break waiting
                     case .ready:
                         break waiting

@@ -250,14 +250,16 @@ extension RequestDispatcher {
         return serviceToken != nil && header.serviceToken == nil
     }
 
-    /// Runs the jobs' handlers: the writing ones in one write transaction, the others on the
-    /// writer's connection outside a transaction.
+    /// Runs the jobs' handlers: the reading ones on the writer's connection outside a
+    /// transaction, then the writing ones in one write transaction.
     /// A refusal before any change becomes that job's error reply; any other failure is thrown
     /// (after rolling back).
     private func runTogether(_ jobs: [LoopJob]) throws -> [OutgoingMessage?] {
         var replies = [OutgoingMessage?](repeating: nil, count: jobs.count)
         let source = self.source
-        for writes in [true, false] {
+        // Reads first: when the writes fail and everything runs again one by one, nothing runs
+        // twice that has committed.
+        for writes in [false, true] {
             let indices = jobs.indices.filter { jobs[$0].route.writes == writes }
             guard let first = indices.first else { continue }
             let database = jobs[first].route.database

@@ -45,8 +45,10 @@ public struct RequestServer: Service {
         let shuttingDown = ServiceError(.shuttingDown, "\(source) is shutting down; try again in a moment.")
         let overloaded = ServiceError(.overloaded, "The service has too many requests in flight; try again shortly.")
         let registration = try await bus.serve(at: endpoint, limits: limits) { batch in
+            // Every request counts until answered, so that draining waits for answers that
+            // depend on another service too.
             dispatcher.handleOnLoop(
-                batch, refusing: work.isDraining ? shuttingDown : nil,
+                batch.map(work.tracking), refusing: work.isDraining ? shuttingDown : nil,
                 rejected: { counts.value.withLock { $0.rejectedRequests += 1 } }
             ) { request in
                 if case .dropped = intake.yield(request) {
@@ -122,6 +124,9 @@ final class RefusalCounts: Sendable {
 final class InFlight: Sendable {
     private struct State {
         var running = 0
+        /// Requests taken on the bus's thread and not answered yet (most are answered at once;
+        /// some wait for another service). Not limited, but waited for when draining.
+        var unanswered = 0
         var draining = false
         var admissions: [CheckedContinuation<Bool, Never>] = []
         var drained: CheckedContinuation<Void, Never>?
@@ -184,6 +189,21 @@ final class InFlight: Sendable {
         drained?.resume()
     }
 
+    /// Counts `raw` as unanswered until its first reply.
+    func tracking(_ raw: RawRequest) -> RawRequest {
+        state.withLock { $0.unanswered += 1 }
+        let answered = Atomic(false)
+        return RawRequest(body: raw.body, attachment: raw.attachment) { [self] reply in
+            guard !answered.exchange(true, ordering: .acquiringAndReleasing) else { return }
+            raw.reply(reply)
+            let drained = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                state.unanswered -= 1
+                return takeDrained(&state)
+            }
+            drained?.resume()
+        }
+    }
+
     /// Graceful shutdown has begun: admit nothing more.
     func beginDraining() {
         let (refused, drained) = state.withLock { state -> ([CheckedContinuation<Bool, Never>], CheckedContinuation<Void, Never>?) in
@@ -201,7 +221,7 @@ final class InFlight: Sendable {
         await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 let now = state.withLock { state -> Bool in
-                    if state.drainedSignalled || (state.draining && state.running == 0) {
+                    if state.drainedSignalled || (state.draining && state.running == 0 && state.unanswered == 0) {
                         state.drainedSignalled = true
                         return true
                     }
@@ -221,7 +241,8 @@ final class InFlight: Sendable {
     }
 
     private func takeDrained(_ state: inout State) -> CheckedContinuation<Void, Never>? {
-        guard state.draining, state.running == 0, !state.drainedSignalled, let drained = state.drained else { return nil }
+        guard state.draining, state.running == 0, state.unanswered == 0, !state.drainedSignalled, let drained = state.drained
+        else { return nil }
         state.drainedSignalled = true
         state.drained = nil
         return drained

@@ -91,8 +91,9 @@ public func withStore<T: Sendable>(
 /// `restartAfter` bytes and `writer` (the service's own connection) is given, the few frames
 /// written since the last checkpoint are copied on the writer's connection, between two of its
 /// transactions: the next transaction then starts the log over. That holds the writer back only
-/// for those few frames. Without `writer` (or when readers keep the log from starting over),
-/// a log past `walLimit` bytes is truncated, which holds writers back for as long as it takes.
+/// for those few frames. Without `writer`, a log past `walLimit` bytes is truncated instead,
+/// which holds writers back for as long as it takes; with it, never (a service's writer runs
+/// on its bus's thread, which must not stop for seconds).
 /// `path` `nil` (an in-memory database) runs `body` alone.
 public func withCheckpoints<T: Sendable>(
     path: String?, writer: (any DatabaseWriter)? = nil, every interval: Duration = .milliseconds(200),
@@ -117,7 +118,7 @@ public func withCheckpoints<T: Sendable>(
                 mode = "passive, on the writer's connection"
                 _ = try await writer.writeWithoutTransaction { try $0.checkpoint(.passive) }
             }
-            if size > walLimit {
+            if writer == nil, size > walLimit {
                 mode = "truncate"
                 logger.warning(
                     "the write-ahead log of \(path) is \(size / 1_048_576) MiB; truncating it holds writers back until it is done")

@@ -89,7 +89,10 @@ final class CommandQueue: Sendable {
         let onLoop = UInt(pthread_self()) == loopThread.load(ordering: .acquiring)
         let (accepted, wake) = state.withLock { state -> (Bool, Bool) in
             guard state.accepting else { return (false, false) }
-            if onLoop {
+            // On the I/O thread itself nothing needs waking, unless commands from other threads
+            // are already waiting: then this one queues behind them, so that, for example, an
+            // event committed later is never sent before one committed earlier.
+            if onLoop, state.commands.isEmpty {
                 state.local.append(command)
                 return (true, false)
             }

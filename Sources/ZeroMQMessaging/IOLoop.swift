@@ -144,10 +144,11 @@ final class IOLoop: @unchecked Sendable {
                 }
                 if wake {
                     for command in queue.takeCommands() { perform(command) }
+                    flushLocalCommands()
                 }
             }
             // Anything submitted on this thread outside a loop handler (none today) goes out too.
-            for command in queue.takeLocalCommands() { perform(command) }
+            flushLocalCommands()
             let after = monotonicNanoseconds()
             expireDeadlines(now: after)
             retireServers(now: after)
@@ -226,7 +227,8 @@ final class IOLoop: @unchecked Sendable {
             // a reply that still comes counts as late.
             pending.removeValue(forKey: id)
         case .run(let job):
-            runOnLoop(job)
+            // What the job sends is flushed by the caller, behind what was already queued.
+            job()
         case .shutdown:
             stopping = true
         }
@@ -380,7 +382,17 @@ final class IOLoop: @unchecked Sendable {
     /// Runs a loop handler, then sends what it queued (replies, events) before anything else.
     private func runOnLoop(_ handler: () -> Void) {
         handler()
-        for command in queue.takeLocalCommands() { perform(command) }
+        flushLocalCommands()
+    }
+
+    /// Performs what this thread submitted, in submission order, including what those commands
+    /// submit in turn (a job run with `perform(onLoop:)` queues its sends behind the ones before).
+    private func flushLocalCommands() {
+        while true {
+            let commands = queue.takeLocalCommands()
+            if commands.isEmpty { return }
+            for command in commands { perform(command) }
+        }
     }
 
     // MARK: Serving

@@ -26,6 +26,10 @@ struct AuthServiceCommand: AsyncParsableCommand {
 
     @OptionGroup var retention: EventRetentionOptions
 
+    @OptionGroup(title: "Identity providers (ignored in dev mode)") var identity: IdentityProviderOptions
+
+    @OptionGroup(title: "Sessions") var sessions: SessionOptions
+
     func run() async throws {
         ServiceHost.bootstrapLogging(level: common.level)
         let logger = Logger(label: ServiceName.auth)
@@ -35,7 +39,9 @@ struct AuthServiceCommand: AsyncParsableCommand {
             databasePath: database ?? Settings.environment("ONBOARDING_AUTH_DATABASE") ?? "\(common.dataDirectory)/auth.sqlite",
             devMode: devMode || ["1", "true"].contains(Settings.environment("ONBOARDING_AUTH_DEV_MODE")?.lowercased()),
             serviceToken: try common.resolvedServiceToken(),
-            eventRetention: try retention.retention())
+            eventRetention: try retention.retention(),
+            identityProviders: try identity.settings(),
+            sessions: try sessions.policy())
         try await ServiceHost.run(name: ServiceName.auth, logger: logger) { bus in
             [try AuthService(configuration: configuration, bus: bus, logger: logger)]
         }

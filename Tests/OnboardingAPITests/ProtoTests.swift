@@ -207,6 +207,9 @@ struct ProtoTests {
 
     static let nullPayloads: [(String, String)] = [
         ("auth.signIn", #"{"provider":"google","subject":"1170","idToken":null}"#),
+        ("auth.signIn", #"{"provider":"naver","subject":"","idToken":null,"accessToken":null,"nonce":null,"authorizationCode":null}"#),
+        ("auth.signOut", #"{"everywhere":null}"#),
+        ("auth.signOut", #"{}"#),
         ("profile.get.reply", #"{"profile":null}"#),
         ("profile.get.reply", #"{}"#),
         ("profile.update", #"{"username":null,"imagePath":null}"#),

@@ -166,10 +166,12 @@ struct AuthServiceTests {
 
     // MARK: Identity verification
 
-    @Test("with dev mode off and no verifier, sign-in is refused and the message points to --dev-mode")
+    @Test("with dev mode off and no provider configured, sign-in is refused with the setting to give")
     func devModeOff() async throws {
         try await withAuth(devMode: false) {
             let error = await expectError(.unauthenticated) { try await signIn(.google, "alice", idToken: "eyJ...") }
+            #expect(error?.reason == "providerNotConfigured")
+            #expect(error?.message.contains("ONBOARDING_GOOGLE_CLIENT_IDS") == true)
             #expect(error?.message.contains("--dev-mode") == true)
             try await bus.waitUntilAnswering(rpc, source: "test")
         }
@@ -178,8 +180,8 @@ struct AuthServiceTests {
     @Test("a given identity verifier decides the subject, even with dev mode off")
     func customVerifier() async throws {
         struct TokenIsSubject: IdentityVerifier {
-            func verify(provider: Provider, subject: String, idToken: String?) async throws -> String {
-                guard let idToken else { throw ServiceError(.unauthenticated, "An ID token is required.") }
+            func verify(_ request: SignIn) async throws -> String {
+                guard let idToken = request.idToken else { throw ServiceError(.unauthenticated, "An ID token is required.") }
                 return idToken
             }
         }

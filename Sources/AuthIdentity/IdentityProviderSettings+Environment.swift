@@ -1,0 +1,77 @@
+import Foundation
+import Messaging
+import OnboardingAPI
+
+extension IdentityProviderSettings {
+    /// Every setting's variable, for `--help` and the README's table.
+    public static let variables: [String] =
+        [Provider.google, .apple, .kakao].flatMap { provider in
+            ["CLIENT_IDS", "ISSUERS", "JWKS_URL"].map { variable(provider, $0) }
+        } + [variable(.naver, "CLIENT_IDS"), variable(.naver, "PROFILE_URL"), "ONBOARDING_AUTH_TOKEN_LEEWAY_SECONDS"]
+
+    /// The settings from `values` (the environment, with command-line flags already put in
+    /// under the same names); what is not given keeps its default.
+    ///
+    /// - `ONBOARDING_<GOOGLE|APPLE|KAKAO>_CLIENT_IDS`, `_ISSUERS`: comma-separated lists.
+    /// - `ONBOARDING_<GOOGLE|APPLE|KAKAO>_JWKS_URL`, `ONBOARDING_NAVER_PROFILE_URL`: `https://`,
+    ///   or `http://` to a loopback host (a local fake provider).
+    /// - `ONBOARDING_NAVER_CLIENT_IDS`: comma-separated.
+    /// - `ONBOARDING_AUTH_TOKEN_LEEWAY_SECONDS`: 0 to 600.
+    ///
+    /// - Throws: ``ServiceError`` `invalidRequest` naming the variable whose value cannot work.
+    public static func fromEnvironment(_ values: [String: String]) throws -> IdentityProviderSettings {
+        var settings = IdentityProviderSettings()
+        func list(_ name: String) -> [String]? {
+            guard let raw = values[name] else { return nil }
+            return raw.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+        }
+        func url(_ name: String) throws -> String? {
+            guard let raw = values[name]?.trimmingCharacters(in: .whitespaces), !raw.isEmpty else { return nil }
+            try checkURL(raw, setting: name)
+            return raw
+        }
+        for provider in [Provider.google, .apple, .kakao] {
+            guard var oidc = settings.oidc(provider) else { continue }
+            if let ids = list(variable(provider, "CLIENT_IDS")) { oidc.clientIDs = ids }
+            if let issuers = list(variable(provider, "ISSUERS")) {
+                guard !issuers.isEmpty else {
+                    throw ServiceError(.invalidRequest, "\(variable(provider, "ISSUERS")) is empty; leave it unset for the default.")
+                }
+                oidc.issuers = issuers
+            }
+            if let jwks = try url(variable(provider, "JWKS_URL")) { oidc.jwksURL = jwks }
+            switch provider {
+            case .google: settings.google = oidc
+            case .apple: settings.apple = oidc
+            default: settings.kakao = oidc
+            }
+        }
+        if let ids = list(variable(.naver, "CLIENT_IDS")) { settings.naver.clientIDs = ids }
+        if let profile = try url(variable(.naver, "PROFILE_URL")) { settings.naver.profileURL = profile }
+        if let raw = values["ONBOARDING_AUTH_TOKEN_LEEWAY_SECONDS"] {
+            guard let seconds = Int(raw.trimmingCharacters(in: .whitespaces)), (0...600).contains(seconds) else {
+                throw ServiceError(
+                    .invalidRequest,
+                    "ONBOARDING_AUTH_TOKEN_LEEWAY_SECONDS (--token-leeway-seconds) is \"\(raw)\"; give whole seconds from 0 to 600.")
+            }
+            settings.clockLeeway = TimeInterval(seconds)
+        }
+        return settings
+    }
+
+    /// A provider URL must be `https`, or `http` to a loopback host (a fake provider on this
+    /// machine): tokens are never checked against keys that crossed a network in the clear.
+    static func checkURL(_ raw: String, setting: String) throws {
+        guard let components = URLComponents(string: raw), let scheme = components.scheme?.lowercased(),
+            let host = components.host, !host.isEmpty
+        else {
+            throw ServiceError(.invalidRequest, "\(setting) is \"\(raw)\", not a URL; give https://host/path.")
+        }
+        let loopback = host == "localhost" || host.hasPrefix("127.") || host == "::1" || host == "[::1]"
+        guard scheme == "https" || (scheme == "http" && loopback) else {
+            throw ServiceError(
+                .invalidRequest,
+                "\(setting) is \"\(raw)\"; it must be https:// (http:// only to 127.0.0.1 or localhost, for a local fake provider).")
+        }
+    }
+}

@@ -1,0 +1,46 @@
+import Foundation
+
+/// How long sessions live and how many an account may hold: pure decisions, tested without a
+/// database.
+///
+/// - A session expires ``lifetime`` (30 days) after it was last used; every use slides it. So that
+///   checking a session is not a write each time, its last use is recorded again only once it is
+///   ``renewalInterval`` (1 hour) old: a session may therefore end up to that much earlier than
+///   `lifetime` after its very last use.
+/// - An account holds at most ``maximumPerAccount`` (10) live sessions: a sign-in beyond that ends
+///   the least recently used ones.
+/// - Expired sessions are deleted (pruned) at each sign-in; an expired or evicted session's token
+///   is answered `unauthenticated` with reason `sessionExpired` or `sessionEvicted` for a day
+///   afterwards, then as unknown.
+///
+/// Thread safety: an immutable value.
+public struct SessionPolicy: Sendable, Hashable {
+    public var lifetime: TimeInterval
+    public var maximumPerAccount: Int
+    public var renewalInterval: TimeInterval
+
+    public init(lifetime: TimeInterval = 30 * 86_400, maximumPerAccount: Int = 10, renewalInterval: TimeInterval = 3_600) {
+        self.lifetime = lifetime
+        self.maximumPerAccount = maximumPerAccount
+        self.renewalInterval = min(renewalInterval, lifetime)
+    }
+
+    /// A session last used at `lastUsed` has expired at `now`.
+    public func isExpired(lastUsed: Date, now: Date) -> Bool {
+        now.timeIntervalSince(lastUsed) >= lifetime
+    }
+
+    /// Whether a use at `now` should record itself (the recorded last use is old enough).
+    public func needsRenewal(lastUsed: Date, now: Date) -> Bool {
+        now.timeIntervalSince(lastUsed) >= renewalInterval
+    }
+
+    /// Sessions last used before this are expired at `now`.
+    public func expiryCutoff(now: Date) -> Date { now.addingTimeInterval(-lifetime) }
+
+    /// Of an account's sessions, most recently used first, those a sign-in must end so that at
+    /// most ``maximumPerAccount`` remain.
+    public func evicted<Session>(_ newestFirst: [Session]) -> ArraySlice<Session> {
+        newestFirst.dropFirst(maximumPerAccount)
+    }
+}

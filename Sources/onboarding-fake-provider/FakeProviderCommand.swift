@@ -1,0 +1,87 @@
+import ArgumentParser
+import FakeIdentityProvider
+import Foundation
+import OnboardingAPI
+
+/// `onboarding-fake-provider`: Google, Apple, Kakao and Naver on this machine, for trying auth's
+/// production mode (`serve`), and the tokens they would give an app (`token`).
+@main
+struct FakeProviderCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "onboarding-fake-provider",
+        abstract: "A local stand-in for Google, Apple, Kakao and Naver sign-in (for development only).",
+        discussion: """
+            serve publishes key sets and Naver's profile API on 127.0.0.1 and prints the settings that point \
+            auth at it; token prints a token signed with the same keys (kept in --key-file).
+            """,
+        subcommands: [Serve.self, Token.self])
+
+    struct KeyFileOption: ParsableArguments {
+        @Option(help: "Where the fake's signing keys are kept (made on first use, 0600). Default: <data dir>/fake-provider/keys.json")
+        var keyFile: String?
+
+        var url: URL {
+            let dataDirectory = ProcessInfo.processInfo.environment["ONBOARDING_DATA_DIR"] ?? ".data"
+            return URL(fileURLWithPath: keyFile ?? "\(dataDirectory)/fake-provider/keys.json")
+        }
+    }
+
+    struct Serve: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Serve the fake providers on 127.0.0.1 until Ctrl-C.")
+
+        @Option(help: "Port on 127.0.0.1.")
+        var port = 7601
+        @OptionGroup var keys: KeyFileOption
+
+        func run() async throws {
+            let fake = try await FakeIdentityProvider.make(keyFile: keys.url)
+            let base = "http://127.0.0.1:\(port)"
+            try await fake.run(port: port) { _ in
+                var lines = [
+                    "fake identity providers at \(base) (keys in \(keys.url.path))",
+                    "Start auth in production mode against them with:", "", "export ONBOARDING_AUTH_DEV_MODE=0",
+                ]
+                for provider in FakeIdentityProvider.oidcProviders {
+                    let name = provider.rawValue.uppercased()
+                    lines.append("export ONBOARDING_\(name)_CLIENT_IDS=\(FakeIdentityProvider.defaultClientID(provider))")
+                    lines.append("export ONBOARDING_\(name)_JWKS_URL=\(FakeIdentityProvider.jwksURL(provider, base: base))")
+                }
+                lines.append("export ONBOARDING_NAVER_CLIENT_IDS=\(FakeIdentityProvider.defaultClientID(.naver))")
+                lines.append("export ONBOARDING_NAVER_PROFILE_URL=\(FakeIdentityProvider.naverProfileURL(base: base))")
+                // Written at once and unbuffered, so a terminal or a pipe sees it while serving.
+                FileHandle.standardOutput.write(Data((lines.joined(separator: "\n") + "\n\n").utf8))
+            }
+        }
+    }
+
+    struct Token: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Print a token the fake provider vouches for: an ID token (google, apple, kakao) or a Naver access token.")
+
+        @Option(help: "google, apple, kakao or naver.")
+        var provider: Provider
+        @Option(help: "The account's id at the provider (the token's sub; Naver's response.id).")
+        var subject: String
+        @Option(help: "The client id the token is for. Default: fake-<provider>-client")
+        var audience: String?
+        @Option(help: "The raw nonce to put in the token (Apple's carries its SHA-256).")
+        var nonce: String?
+        @Option(help: "Seconds until the token expires.")
+        var lifetime = 3600
+        @OptionGroup var keys: KeyFileOption
+
+        func run() async throws {
+            if provider == .naver {
+                print(FakeIdentityProvider.naverAccessToken(for: subject))
+                return
+            }
+            let fake = try await FakeIdentityProvider.make(keyFile: keys.url)
+            print(
+                try fake.mintIDToken(
+                    provider, subject: subject, audience: audience, nonce: nonce, lifetime: TimeInterval(lifetime)))
+        }
+    }
+}
+
+extension Provider: ExpressibleByArgument {}

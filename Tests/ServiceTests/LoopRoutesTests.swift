@@ -1,0 +1,130 @@
+import Foundation
+import GRDB
+import Messaging
+import OnboardingAPI
+@testable import ServiceRuntime
+import Synchronization
+import Testing
+
+/// Batches on the bus's thread, driven directly (the in-process bus hands over one request at a
+/// time; ZeroMQ hands over whole batches).
+@Suite("Requests handled on the bus's thread, in batches")
+struct LoopRoutesTests {
+    struct Add: APIRequest {
+        typealias Response = Count
+        static let type = "test.add"
+        var name: String
+    }
+
+    struct Peek: APIRequest {
+        typealias Response = Count
+        static let type = "test.peek"
+        var broken: Bool
+    }
+
+    struct Count: Codable, Sendable, Hashable {
+        var count: Int
+    }
+
+    /// A dispatcher whose `test.add` inserts a row (refusing the name "taken" before writing,
+    /// and failing after writing for "late"), and whose `test.peek` reads the count (or runs
+    /// broken SQL).
+    func dispatcher(_ database: any DatabaseWriter) -> RequestDispatcher {
+        var dispatcher = RequestDispatcher(source: "test", sessions: nil, serviceToken: nil, logger: quietLogger)
+        dispatcher.onLoop(Add.self, access: .open, database: database) { request, _, db in
+            if request.name == "taken" { throw ServiceError(.invalidRequest, "taken") }
+            try db.execute(sql: "INSERT INTO item (name) VALUES (?)", arguments: [request.name])
+            if request.name == "late" { throw ServiceError(.invalidRequest, "late") }
+            return Count(count: try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM item") ?? 0)
+        }
+        dispatcher.onLoop(Peek.self, access: .open, database: database, writes: false) { request, _, db in
+            if request.broken { try db.execute(sql: "SELECT * FROM nowhere") }
+            return Count(count: try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM item") ?? 0)
+        }
+        return dispatcher
+    }
+
+    /// Raw requests whose replies are collected in order of sending.
+    final class Replies: Sendable {
+        let messages = Mutex<[Int: Message]>([:])
+
+        func request<R: APIRequest>(_ payload: R, number: Int) throws -> RawRequest {
+            let body = try Envelope(header: EnvelopeHeader(type: R.type, source: "test"), payload: payload).encoded()
+            return RawRequest(body: body, attachment: nil) { [self] reply in
+                let message = try? Message(body: reply.body)
+                messages.withLock { $0[number] = message }
+            }
+        }
+
+        func count(_ number: Int) -> Int? {
+            messages.withLock { try? $0[number]?.payload(as: Count.self).count }
+        }
+
+        func error(_ number: Int) -> ErrorCode? {
+            messages.withLock { $0[number]?.serviceError?.code }
+        }
+    }
+
+    func withDatabase(_ body: (any DatabaseWriter) throws -> Void) throws {
+        let database = try DatabaseQueue()
+        try database.write { try $0.execute(sql: "CREATE TABLE item (id INTEGER PRIMARY KEY, name TEXT NOT NULL)") }
+        try body(database)
+    }
+
+    @Test("a batch commits together; a refusal before writing leaves the others in the batch")
+    func refusalKeepsTheBatch() throws {
+        try withDatabase { database in
+            let replies = Replies()
+            let batch = [
+                try replies.request(Add(name: "a"), number: 0),
+                try replies.request(Add(name: "taken"), number: 1),
+                try replies.request(Add(name: "b"), number: 2),
+                try replies.request(Peek(broken: false), number: 3),
+            ]
+            dispatcher(database).handleOnLoop(batch, refusing: nil, rejected: {}, defer: { _ in Issue.record("deferred") })
+            #expect(replies.count(0) == 1)
+            #expect(replies.error(1) == .invalidRequest)
+            #expect(replies.count(2) == 2)
+            #expect(replies.count(3) == 0, "reads run first, on what was committed before the batch")
+            #expect(try database.read { try Int.fetchOne($0, sql: "SELECT COUNT(*) FROM item") } == 2)
+        }
+    }
+
+    @Test("a failure after writing rolls the batch back and runs each on its own: nothing twice")
+    func failureRunsEachAlone() throws {
+        try withDatabase { database in
+            let replies = Replies()
+            let batch = [
+                try replies.request(Add(name: "a"), number: 0),
+                try replies.request(Add(name: "late"), number: 1),
+                try replies.request(Peek(broken: true), number: 2),
+                try replies.request(Add(name: "b"), number: 3),
+            ]
+            dispatcher(database).handleOnLoop(batch, refusing: nil, rejected: {}, defer: { _ in Issue.record("deferred") })
+            #expect(replies.count(0) == 1)
+            #expect(replies.error(1) == .invalidRequest)
+            #expect(replies.error(2) == .storeUnavailable)
+            #expect(replies.count(3) == 2)
+            let names = try database.read { try String.fetchAll($0, sql: "SELECT name FROM item ORDER BY id") }
+            #expect(names == ["a", "b"], "each write committed once, the failed one not at all")
+        }
+    }
+
+    @Test("while shutting down every request of a batch is refused, unread requests as unreadable")
+    func refusing() throws {
+        try withDatabase { database in
+            let replies = Replies()
+            let unreadable = RawRequest(body: Data("not json".utf8), attachment: nil) { reply in
+                replies.messages.withLock { $0[9] = try? Message(body: reply.body) }
+            }
+            var rejected = 0
+            dispatcher(database).handleOnLoop(
+                [try replies.request(Add(name: "a"), number: 0), unreadable],
+                refusing: ServiceError(.shuttingDown, "stopping"), rejected: { rejected += 1 }, defer: { _ in })
+            #expect(replies.error(0) == .shuttingDown)
+            #expect(replies.error(9) == .invalidMessage)
+            #expect(rejected == 1)
+            #expect(try database.read { try Int.fetchOne($0, sql: "SELECT COUNT(*) FROM item") } == 0)
+        }
+    }
+}

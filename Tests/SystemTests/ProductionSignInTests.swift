@@ -1,0 +1,102 @@
+import FakeIdentityProvider
+import Foundation
+import Logging
+import Messaging
+import OnboardingAPI
+import ServiceRuntime
+import Testing
+import ZeroMQMessaging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The real `auth-service` executable with dev mode off, configured only through its environment
+/// (as compose and the README's walkthrough do), verifying against a fake provider the test runs.
+@Suite("Real sign-in with the auth-service executable", .serialized, .timeLimit(.minutes(2)))
+struct ProductionSignInTests {
+    /// Starts auth-service on loopback ports of its own, its data in `directory`.
+    static func startAuth(base: String, rpc: Endpoint, events: Endpoint, directory: URL) throws -> Process {
+        var environment = ProcessInfo.processInfo.environment.merging([
+            "ONBOARDING_DATA_DIR": directory.path, "ONBOARDING_AUTH_RPC": rpc.rawValue,
+            "ONBOARDING_AUTH_EVENTS": events.rawValue, "ONBOARDING_LOG_LEVEL": "warning",
+            "ONBOARDING_AUTH_DEV_MODE": "0",
+            "ONBOARDING_NAVER_CLIENT_IDS": FakeIdentityProvider.defaultClientID(.naver),
+            "ONBOARDING_NAVER_PROFILE_URL": FakeIdentityProvider.naverProfileURL(base: base),
+        ]) { $1 }
+        for provider in FakeIdentityProvider.oidcProviders {
+            let name = provider.rawValue.uppercased()
+            environment["ONBOARDING_\(name)_CLIENT_IDS"] = FakeIdentityProvider.defaultClientID(provider)
+            environment["ONBOARDING_\(name)_JWKS_URL"] = FakeIdentityProvider.jwksURL(provider, base: base)
+        }
+        let process = Process()
+        process.executableURL = RunningSystem.binDirectory.appendingPathComponent("auth-service")
+        process.environment = environment
+        try process.run()
+        return process
+    }
+
+    static func stop(_ process: Process) async -> Int32 {
+        if process.isRunning { process.terminate() }
+        let clock = ContinuousClock()
+        let deadline = clock.now.advanced(by: .seconds(15))
+        while process.isRunning, clock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        return process.isRunning ? -1 : process.terminationStatus
+    }
+
+    @Test("each provider's token signs in, with the same uid after a restart of auth; bad tokens are refused")
+    func eachProvider() async throws {
+        let fake = try await FakeIdentityProvider.make()
+        let port = 32_000 - 10 - Int.random(in: 0..<500) * 2
+        let (rpc, events) = (Endpoint("tcp://127.0.0.1:\(port)"), Endpoint("tcp://127.0.0.1:\(port + 1)"))
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("onboarding-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var logger = Logger(label: "production-sign-in-test")
+        logger.logLevel = .warning
+        let bus = ZeroMQBus(source: "test", logger: logger)
+        do {
+            try await signInTwice(fake: fake, bus: bus, rpc: rpc, events: events, directory: directory)
+        } catch {
+            await bus.shutdown()
+            throw error
+        }
+        await bus.shutdown()
+    }
+
+    func signInTwice(fake: FakeIdentityProvider, bus: ZeroMQBus, rpc: Endpoint, events: Endpoint, directory: URL) async throws {
+        try await fake.withRunning { base in
+            func proofs() throws -> [SignIn] {
+                try FakeIdentityProvider.oidcProviders.map { provider in
+                    SignIn(provider: provider, subject: "", idToken: try fake.mintIDToken(provider, subject: "person-7"))
+                } + [SignIn(provider: .naver, subject: "", accessToken: fake.naverAccessToken(for: "person-7"))]
+            }
+            var first: [Provider: String] = [:]
+            for round in 0..<2 {
+                let auth = try Self.startAuth(base: base, rpc: rpc, events: events, directory: directory)
+                do {
+                    _ = try await bus.waitUntilAnswering(rpc, source: "test", timeout: .seconds(30))
+                    for request in try proofs() {
+                        let result: SignInResult = try await bus.call(request, to: rpc, source: "test")
+                        #expect(result.isNewAccount == (round == 0), "\(request.provider) round \(round)")
+                        if round == 0 { first[request.provider] = result.uid }
+                        #expect(first[request.provider] == result.uid, "\(request.provider): the same uid every time")
+                    }
+                    let wrongAudience = SignIn(
+                        provider: .kakao, subject: "",
+                        idToken: try fake.mintIDToken(.kakao, subject: "person-7", audience: "another-app"))
+                    let error = await #expect(throws: ServiceError.self) {
+                        let _: SignInResult = try await bus.call(wrongAudience, to: rpc, source: "test")
+                    }
+                    #expect(error?.code == .unauthenticated && error?.reason == "wrongAudience")
+                } catch {
+                    _ = await Self.stop(auth)
+                    throw error
+                }
+                #expect(await Self.stop(auth) == 0, "auth stops cleanly on SIGTERM")
+            }
+            #expect(Set(first.values).count == 4)
+        }
+    }
+}
