@@ -33,6 +33,8 @@ let package = Package(
         .executable(name: "onboarding-chaos", targets: ["onboarding-chaos"]),
         .executable(name: "onboarding-bench", targets: ["onboarding-bench"]),
         .executable(name: "onboarding-fake-provider", targets: ["onboarding-fake-provider"]),
+        .library(name: "OnboardingGateway", targets: ["OnboardingGateway"]),
+        .executable(name: "onboarding-gateway", targets: ["onboarding-gateway"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -47,6 +49,8 @@ let package = Package(
         .package(url: "https://github.com/vapor/jwt-kit", from: "5.7.1"),
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
+        .package(url: "https://github.com/vapor/multipart-kit", from: "4.7.1"),
+        .package(url: "https://github.com/mattpolzin/OpenAPIKit", from: "6.4.0"),
     ],
     targets: [
         // MARK: Messaging
@@ -278,6 +282,31 @@ let package = Package(
         .testTarget(
             name: "OnboardingBenchTests",
             dependencies: ["OnboardingBench"]
+        ),
+
+        // MARK: The HTTP gateway (the app's front door: HTTP and Server-Sent Events over the bus)
+
+        .target(
+            name: "OnboardingGateway",
+            dependencies: [
+                "OnboardingClient",
+                "ServiceRuntime",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "MultipartKit", package: "multipart-kit"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            resources: [.copy("Resources/openapi.json"), .copy("Resources/demo.html")]
+        ),
+        .executableTarget(name: "onboarding-gateway", dependencies: ["OnboardingGateway"]),
+        .testTarget(
+            name: "GatewayTests",
+            dependencies: [
+                "OnboardingGateway", "AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator",
+                "ImageFixtures", "ZeroMQMessaging",
+                .product(name: "HummingbirdTesting", package: "hummingbird"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "OpenAPIKit", package: "OpenAPIKit"),
+            ]
         ),
 
         // MARK: The whole system
