@@ -187,6 +187,7 @@ struct ClientRetryTests {
         let clock = ContinuousClock()
         let started = clock.now
         await expectCode(.noResponder) { _ = try await impatient.profile() }
-        #expect(started.duration(to: clock.now) < .seconds(3))
+        // That it ends at all is the point; the bound is loose, as a loaded machine runs late.
+        #expect(started.duration(to: clock.now) < .seconds(15))
     }
 }
