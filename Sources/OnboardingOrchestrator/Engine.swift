@@ -26,18 +26,18 @@ final class Engine: Sendable {
     let outbox: Outbox
     let logger: Logger
     let work: AsyncStream<Work>.Continuation
-    private let machine: Mutex<OnboardingStateMachine>
+    let machine: Mutex<OnboardingStateMachine>
     /// Set when a transaction that changed the machine rolled back: the next one starts the
     /// machine again from the store.
-    private let stale = Atomic<Bool>(false)
+    let stale = Atomic<Bool>(false)
     /// Inputs waiting for the bus's thread, and whether a job to commit them is on its way there.
     private let inbox = Mutex<(submissions: [Submission], scheduled: Bool, closed: Bool)>(([], false, false))
     /// Who is told the outcome of each "check me now" under way.
-    private let waiters = Mutex<[OnboardingStateMachine.WaiterID: @Sendable (Result<OnboardingStatus, ServiceError>) -> Void]>([:])
-    private let nextWaiter = Atomic<UInt64>(0)
+    let waiters = Mutex<[OnboardingStateMachine.WaiterID: @Sendable (Result<OnboardingStatus, ServiceError>) -> Void]>([:])
+    let nextWaiter = Atomic<UInt64>(0)
     /// People whose set-up is running in this process (a set-up, or settling one).
-    private let settingUp = Mutex<Set<String>>([])
-    private let source = ServiceName.orchestrator
+    let settingUp = Mutex<Set<String>>([])
+    let source = ServiceName.orchestrator
 
     init(configuration: OnboardingOrchestrator.Configuration, bus: any MessageBus, database: any DatabaseWriter,
          outbox: Outbox, logger: Logger, work: AsyncStream<Work>.Continuation) {
@@ -180,7 +180,7 @@ final class Engine: Sendable {
     /// Applies `batch` to the machine and stores the outcome in one transaction, then carries
     /// out the actions. On failure everyone waiting on the batch is told, and the error rethrown.
     /// Called on the bus's thread.
-    private func commitNow(_ batch: [Submission]) throws {
+    func commitNow(_ batch: [Submission]) throws {
         do {
             let actions = try database.write { [self] db in
                 try machine.withLock { machine in try apply(batch, to: &machine, in: db) }
@@ -213,7 +213,7 @@ final class Engine: Sendable {
         throw error
     }
 
-    private func apply(
+    func apply(
         _ batch: [Submission], to machine: inout OnboardingStateMachine, in db: Database
     ) throws -> [OnboardingStateMachine.Action] {
         var later: [OnboardingStateMachine.Action] = []
@@ -259,7 +259,7 @@ final class Engine: Sendable {
 
     /// Records a route intent as the one in force and in the route outbox, which publishes it
     /// once the transaction commits.
-    private func emit(_ intent: RouteIntent, in db: Database) throws {
+    func emit(_ intent: RouteIntent, in db: Database) throws {
         let sequence = try outbox.append(intent, uid: intent.uid, topic: Topics.route(uid: intent.uid), in: db)
         try OrchestratorStore.recordIntent(intent, sequence: sequence, time: Timestamp.now(), in: db)
         logger.debug("\(intent.intent.rawValue) → \(intent.uid) (\(intent.reason.rawValue), \(intent.intentId))")
@@ -279,7 +279,7 @@ final class Engine: Sendable {
 
     // MARK: Actions
 
-    private func perform(_ action: OnboardingStateMachine.Action) {
+    func perform(_ action: OnboardingStateMachine.Action) {
         switch action {
         case .checkProfile(let uid, let check):
             // The hot path of a returning person: asked from the bus's thread, and the answer
@@ -342,7 +342,7 @@ final class Engine: Sendable {
         }
     }
 
-    private func enqueue(timer: Bool = false, _ job: @escaping @Sendable (Engine) async -> Void) {
+    func enqueue(timer: Bool = false, _ job: @escaping @Sendable (Engine) async -> Void) {
         work.yield(Work(isTimer: timer) { [self] in await job(self) })
     }
 
@@ -351,7 +351,7 @@ final class Engine: Sendable {
     /// - Parameter retrying: the call is safe to repeat: resend it after a timeout or while the
     ///   service restarts, for up to two call timeouts. The state machine retries checks and
     ///   clean-ups itself, with backoff and without end.
-    private func call<Request: APIRequest>(
+    func call<Request: APIRequest>(
         _ request: Request, to endpoint: Endpoint, uid: String, correlationId: String? = nil, attachment: Data? = nil,
         retrying: Bool = false
     ) async throws -> Request.Response {
@@ -366,206 +366,12 @@ final class Engine: Sendable {
             correlationId: correlationId, attachment: attachment, timeout: configuration.callTimeout)
     }
 
-    private func resume(_ waiter: OnboardingStateMachine.WaiterID, with result: Result<OnboardingStatus, ServiceError>) {
+    func resume(_ waiter: OnboardingStateMachine.WaiterID, with result: Result<OnboardingStatus, ServiceError>) {
         let answer = waiters.withLock { $0.removeValue(forKey: waiter) }
         answer?(result)
     }
 
     static func serviceError(_ error: any Error) -> ServiceError {
         (error as? ServiceError) ?? ServiceError(.internalError, "\(error)")
-    }
-
-    // MARK: Requests
-
-    func dispatcher(sessions: any SessionVerifier) -> RequestDispatcher {
-        var dispatcher = RequestDispatcher(
-            source: source, sessions: sessions, serviceToken: configuration.serviceToken, logger: logger)
-        dispatcher.on(CheckOnboarding.self, access: .session) { [self] _, context in
-            try await check(uid: try context.requireUID())
-        }
-        // "Check me now" on the bus's thread: the session is verified from there, the request
-        // commits with its batch, and the answer goes out when the check's outcome commits.
-        dispatcher.onLoop(CheckOnboarding.self, access: .session, database: database) { [self] _, context, db, reply in
-            let uid = try context.requireUID()
-            let waiter = nextWaiter.wrappingAdd(1, ordering: .relaxed).newValue
-            let actions = try machine.withLock { machine in
-                try apply([Submission(inputs: [.checkRequested(uid: uid, waiter: waiter)])], to: &machine, in: db)
-            }
-            db.afterNextTransaction { _ in
-                self.waiters.withLock { $0[waiter] = { reply.send($0) } }
-                for action in actions { self.perform(action) }
-            }
-            return nil
-        }
-        dispatcher.on(SetUpProfile.self, access: .session, attachment: .optional) { [self] request, context in
-            try await setUp(request, uid: try context.requireUID(), image: context.attachment, correlationId: context.message.header.id)
-        }
-        dispatcher.on(CurrentIntent.self, access: .sessionOrService) { [self] _, context in
-            let uid = try context.requireUID()
-            return try await withStore(database, write: false, logger: logger) { try OrchestratorStore.routeState(of: uid, in: $0) }
-        }
-        dispatcher.on(ListRouteStates.self, access: .serviceWithoutUID) { [self] request, _ in
-            let limit = min(request.limit ?? ListRouteStates.maximumLimit, ListRouteStates.maximumLimit)
-            guard limit >= 1 else { throw ServiceError(.invalidRequest, "limit must be at least 1.") }
-            return try await withStore(database, write: false, logger: logger) {
-                try OrchestratorStore.routeStates(after: request.afterUID, limit: limit, in: $0)
-            }
-        }
-        dispatcher.onEventsAfter(database: database)
-        return dispatcher
-    }
-
-    /// "Check me now": the same decision as after sign-in, also answered to the caller.
-    func check(uid: String) async throws -> OnboardingStatus {
-        let waiter = nextWaiter.wrappingAdd(1, ordering: .relaxed).newValue
-        let result = await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                waiters.withLock { $0[waiter] = { continuation.resume(returning: $0) } }
-                // Cancelled before the continuation was stored: onCancel found nothing to resume.
-                if Task.isCancelled {
-                    resume(waiter, with: .failure(Self.stopping))
-                } else {
-                    send(.checkRequested(uid: uid, waiter: waiter))
-                }
-            }
-        } onCancel: {
-            resume(waiter, with: .failure(Self.stopping))
-        }
-        return try result.get()
-    }
-
-    static let stopping = ServiceError(.shuttingDown, "The orchestrator is stopping; ask again in a moment.")
-
-    // MARK: Set-up
-
-    /// Profile set-up: upload, create, then `dismiss`. The set-up is on record until it has
-    /// succeeded or left nothing behind, so one that a crash interrupts is settled on restart.
-    func setUp(_ request: SetUpProfile, uid: String, image: Data?, correlationId: String) async throws -> ProfileResult {
-        if let problem = IdempotencyKey.problem(request.idempotencyKey) { throw problem }
-        let key = request.idempotencyKey ?? IdempotencyKey.make()
-        var saga = ProfileSetupSaga(username: request.username, hasImage: image != nil)
-        var step = saga.start()
-        if case .fail(let error, _) = step { throw error }
-        guard claimSetUp(uid) else {
-            throw ServiceError(
-                .overloaded,
-                "A set-up for this person is already under way; send it again in a moment with the same idempotencyKey.")
-        }
-        defer { releaseSetUp(uid) }
-        let record = OrchestratorStore.Setup(uid: uid, idempotencyKey: key, username: saga.username)
-        try await withStore(database, logger: logger) { try OrchestratorStore.beginSetup(record, in: $0) }
-        var service = ServiceName.profile
-        var strayImagesLeft = false
-        /// How new the profile store's last answer about the profile was.
-        var asOf: UInt64?
-        while true {
-            switch step {
-            case .uploadImage:
-                service = ServiceName.imageUpload
-                do {
-                    let stored = try await call(
-                        UploadImage(contentType: request.contentType, idempotencyKey: key), to: configuration.imageRPC,
-                        uid: uid, correlationId: correlationId, attachment: image, retrying: true)
-                    step = saga.next(after: .uploaded(path: stored.path))
-                } catch {
-                    step = saga.next(after: .uploadFailed(Self.serviceError(error)))
-                }
-            case .createProfile(let username, let imagePath):
-                service = ServiceName.profile
-                do {
-                    let created = try await call(
-                        CreateProfile(username: username, imagePath: imagePath, idempotencyKey: key),
-                        to: configuration.profileRPC, uid: uid, correlationId: correlationId, retrying: true)
-                    guard let profile = created.profile else {
-                        throw ServiceError(.invalidMessage, "profile.create answered without a profile.")
-                    }
-                    asOf = created.asOfSequence
-                    step = saga.next(after: .created(profile))
-                } catch {
-                    step = saga.next(after: .createFailed(Self.serviceError(error)))
-                }
-            case .lookUpProfile:
-                do {
-                    let found = try await call(GetProfile(), to: configuration.profileRPC, uid: uid, retrying: true)
-                    asOf = found.asOfSequence
-                    step = saga.next(after: .lookedUp(found.profile))
-                } catch {
-                    step = saga.next(after: .lookUpFailed(Self.serviceError(error)))
-                }
-            case .deleteImage(let path):
-                step = await deleteImages(uid: uid, saga: &saga) { try await self.call(DeleteImage(path: path), to: self.configuration.imageRPC, uid: uid, retrying: true) }.next
-            case .deleteStrayImages(let keep):
-                let outcome = await deleteImages(uid: uid, saga: &saga) { try await self.call(DeleteAllImages(keep: keep), to: self.configuration.imageRPC, uid: uid, retrying: true) }
-                step = outcome.next
-                if !outcome.removed { strayImagesLeft = true }
-            case .succeed(let profile):
-                // The reply means `dismiss` is stored (and on its way), or was already.
-                try await sendAndWait([.profileCreated(uid: uid, asOf: asOf)])
-                // Strays that could not be removed keep the record: settling removes them later.
-                if !strayImagesLeft { await endSetUp(record) }
-                return ProfileResult(profile: profile, asOfSequence: asOf)
-            case .fail(let error, let settled):
-                if settled { await endSetUp(record) }
-                throw Self.dependencyError(error, service: service)
-            }
-        }
-    }
-
-    private func deleteImages(
-        uid: String, saga: inout ProfileSetupSaga, _ delete: @Sendable () async throws -> DeletedImages
-    ) async -> (next: ProfileSetupSaga.Step, removed: Bool) {
-        do {
-            _ = try await delete()
-            return (saga.next(after: .imagesDeleted), true)
-        } catch {
-            logger.error("could not remove the image(s) of \(uid)'s unfinished set-up: \(error); will try again")
-            return (saga.next(after: .imageDeleteFailed(Self.serviceError(error))), false)
-        }
-    }
-
-    private func endSetUp(_ record: OrchestratorStore.Setup) async {
-        do {
-            try await withStore(database, logger: logger) {
-                try OrchestratorStore.endSetup(uid: record.uid, idempotencyKey: record.idempotencyKey, in: $0)
-            }
-        } catch {
-            logger.warning("could not close the record of \(record.uid)'s set-up: \(error); it is settled again later")
-        }
-    }
-
-    private func claimSetUp(_ uid: String) -> Bool { settingUp.withLock { $0.insert(uid).inserted } }
-    private func releaseSetUp(_ uid: String) { _ = settingUp.withLock { $0.remove(uid) } }
-
-    /// Settles set-ups that a crash or an unreachable service left unfinished, every few seconds
-    /// until cancelled: a profile with the set-up's username means it went through (`dismiss`,
-    /// and stray images are removed); no profile means every image of the person is removed.
-    func settleSetUps(every interval: Duration = .seconds(2)) async {
-        repeat {
-            let unfinished = (try? await withStore(database, write: false, logger: logger) { try OrchestratorStore.unfinishedSetups(in: $0) }) ?? []
-            for record in unfinished where claimSetUp(record.uid) {
-                defer { releaseSetUp(record.uid) }
-                do {
-                    let found = try await call(GetProfile(), to: configuration.profileRPC, uid: record.uid)
-                    let profile = found.profile
-                    if let profile, profile.username == record.username {
-                        try await sendAndWait([.profileCreated(uid: record.uid, asOf: found.asOfSequence)])
-                    }
-                    _ = try await call(DeleteAllImages(keep: profile?.imagePath), to: configuration.imageRPC, uid: record.uid)
-                    await endSetUp(record)
-                    logger.info("settled the unfinished set-up of \(record.uid) (\(profile == nil ? "undone" : "completed"))")
-                } catch {
-                    logger.warning("could not settle the unfinished set-up of \(record.uid) yet: \(error)")
-                }
-            }
-        } while (try? await Task.sleep(for: interval)) != nil
-    }
-
-    /// Bus failures (timeout, nothing listening) become `dependencyUnavailable`; a service's
-    /// own refusal passes through unchanged.
-    static func dependencyError(_ error: ServiceError, service: String) -> ServiceError {
-        switch error.code {
-        case .timeout, .noResponder, .closed: return .dependency(service, error)
-        default: return error
-        }
     }
 }
