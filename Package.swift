@@ -49,7 +49,6 @@ let package = Package(
         .package(url: "https://github.com/vapor/jwt-kit", from: "5.7.1"),
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
-        .package(url: "https://github.com/vapor/multipart-kit", from: "4.7.1"),
         .package(url: "https://github.com/mattpolzin/OpenAPIKit", from: "6.4.0"),
     ],
     targets: [
@@ -292,7 +291,6 @@ let package = Package(
                 "OnboardingClient",
                 "ServiceRuntime",
                 .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "MultipartKit", package: "multipart-kit"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             resources: [.copy("Resources/openapi.json"), .copy("Resources/demo.html")]

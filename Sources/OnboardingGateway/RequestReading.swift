@@ -1,7 +1,6 @@
 import Foundation
 import HTTPTypes
 import Hummingbird
-import MultipartKit
 import NIOCore
 import OnboardingAPI
 
@@ -119,25 +118,7 @@ struct SetUpForm: Sendable {
         guard let boundary = Self.boundary(in: contentType) else {
             throw ProblemError(.invalidRequest, "The multipart/form-data Content-Type has no boundary parameter.")
         }
-        let closing = Array("--\(boundary)--".utf8)
-        guard body.readableBytesView.firstRange(of: closing) != nil else {
-            throw ProblemError(
-                .invalidRequest, "The multipart/form-data body ends before its closing boundary; send it whole.")
-        }
-        var parts: [FormPart] = []
-        var current = FormPart()
-        let parser = MultipartParser(boundary: boundary)
-        parser.onHeader = { name, value in current.headers.append((name.lowercased(), value)) }
-        parser.onBody = { buffer in current.body.writeBuffer(&buffer) }
-        parser.onPartComplete = {
-            parts.append(current)
-            current = FormPart()
-        }
-        do {
-            try parser.execute(body)
-        } catch {
-            throw ProblemError(.invalidRequest, "The multipart/form-data body could not be read.")
-        }
+        let parts = try MultipartFormReader(boundary: boundary).parts(of: Array(body.readableBytesView))
         var username: String?
         var image: FormPart?
         for part in parts {
@@ -175,6 +156,82 @@ struct SetUpForm: Sendable {
             var value = pair[1].trimmingCharacters(in: .whitespaces)
             if value.hasPrefix("\""), value.hasSuffix("\""), value.count >= 2 { value = String(value.dropFirst().dropLast()) }
             return value.isEmpty || value.utf8.count > 200 ? nil : value
+        }
+        return nil
+    }
+}
+
+/// Splits a `multipart/form-data` body (RFC 7578, RFC 2046) into its parts.
+///
+/// Written for untrusted input: every malformed body is an ``ProblemError`` `invalidRequest`,
+/// never a crash; header sections are bounded (8 KiB a part) and must be ASCII.
+struct MultipartFormReader {
+    let boundary: String
+
+    static let maxHeaderBytes = 8 * 1024
+
+    func parts(of body: [UInt8]) throws -> [FormPart] {
+        let malformed = ProblemError(.invalidRequest, "The multipart/form-data body could not be read.")
+        let delimiter = Array("--\(boundary)".utf8)
+        let crlf: [UInt8] = [13, 10]
+        // The first delimiter: at the very start, or after a preamble and a CRLF.
+        var position: Int
+        if body.starts(with: delimiter) {
+            position = delimiter.count
+        } else if let found = Self.find(crlf + delimiter, in: body, from: 0) {
+            position = found + 2 + delimiter.count
+        } else {
+            throw ProblemError(.invalidRequest, "The multipart/form-data body has no part with the boundary its Content-Type names.")
+        }
+        var parts: [FormPart] = []
+        while true {
+            // After a delimiter: "--" closes the body; otherwise (optional spaces and) CRLF.
+            if body[position...].starts(with: [45, 45]) { return parts }
+            while position < body.count, body[position] == 32 || body[position] == 9 { position += 1 }
+            guard body[position...].starts(with: crlf) else { throw malformed }
+            position += 2
+            var part = FormPart()
+            // Headers, up to an empty line (right away when the part has none).
+            guard let blank = Self.find(crlf + crlf, in: body, from: position - 2, within: Self.maxHeaderBytes + 4) else {
+                throw ProblemError(.invalidRequest, "A part's headers are missing their blank line, or longer than 8 KiB.")
+            }
+            if blank > position - 2 {
+                for line in body[position..<blank].split(separator: 10, omittingEmptySubsequences: true) {
+                    let text = line.last == 13 ? line.dropLast() : line[...]
+                    guard text.allSatisfy({ $0 == 9 || (32...126).contains($0) }),
+                        let colon = text.firstIndex(of: 58), colon > text.startIndex
+                    else {
+                        throw ProblemError(.invalidRequest, "A part's header is not 'Name: value' in ASCII.")
+                    }
+                    let name = String(decoding: text[..<colon], as: UTF8.self).trimmingCharacters(in: .whitespaces).lowercased()
+                    let value = String(decoding: text[text.index(after: colon)...], as: UTF8.self).trimmingCharacters(in: .whitespaces)
+                    part.headers.append((name, value))
+                }
+            }
+            position = blank + 4
+            // The content, up to CRLF and the next delimiter.
+            guard let end = Self.find(crlf + delimiter, in: body, from: position) else {
+                throw ProblemError(
+                    .invalidRequest, "The multipart/form-data body ends before its closing boundary; send it whole.")
+            }
+            part.body = ByteBuffer(bytes: body[position..<end])
+            parts.append(part)
+            position = end + 2 + delimiter.count
+        }
+    }
+
+    /// Where `needle` first occurs in `haystack` at or after `start` (and, given `within`,
+    /// starting no more than that many bytes after it).
+    static func find(_ needle: [UInt8], in haystack: [UInt8], from start: Int, within: Int? = nil) -> Int? {
+        guard !needle.isEmpty, start >= 0 else { return nil }
+        let lastStart = haystack.count - needle.count
+        guard start <= lastStart else { return nil }
+        let limit = within.map { min(lastStart, start + $0) } ?? lastStart
+        let first = needle[0]
+        var index = start
+        while index <= limit {
+            if haystack[index] == first, haystack[index..<(index + needle.count)].elementsEqual(needle) { return index }
+            index += 1
         }
         return nil
     }

@@ -98,6 +98,38 @@ struct GatewayUnitTests {
         } catch {}
     }
 
+    @Test(
+        "the set-up form reader refuses malformed bodies with invalidRequest, never a crash",
+        arguments: [
+            "--B\r\na\u{F9}\u{F1}--B--\r\n",                       // a header of non-ASCII bytes (crashed MultipartKit 4.7.1)
+            "--B\r\nContent-Disposition: form-data; name=\"username\"\r\n\r\nminji",  // no closing delimiter
+            "--B\r\nno colon here\r\n\r\nx\r\n--B--",
+            "--B",
+            "--Bxx",
+            "preamble without the boundary",
+            "--B\r\n" + String(repeating: "X-Long: y\r\n", count: 1000) + "\r\nx\r\n--B--",
+        ])
+    func malformedForms(body: String) {
+        do {
+            _ = try SetUpForm.parse(contentType: "multipart/form-data; boundary=B", body: ByteBuffer(string: body))
+            Issue.record("accepted \(body.prefix(60))")
+        } catch let error as ProblemError {
+            #expect(error.error.code == .invalidRequest)
+        } catch {
+            Issue.record("\(error)")
+        }
+    }
+
+    @Test("the set-up form reader: a preamble, a part without headers, and quoted boundaries")
+    func formShapes() throws {
+        let body = "ignored preamble\r\n--B\r\n\r\nheaderless\r\n--B\r\nContent-Disposition: form-data; name=\"username\"\r\n\r\nmin\r\nji\r\n--B--\r\nepilogue"
+        let parts = try MultipartFormReader(boundary: "B").parts(of: Array(body.utf8))
+        #expect(parts.count == 2)
+        #expect(parts[0].headers.isEmpty && String(buffer: parts[0].body) == "headerless")
+        #expect(parts[1].disposition("name") == "username" && String(buffer: parts[1].body) == "min\r\nji")
+        #expect(SetUpForm.boundary(in: "multipart/form-data; boundary=\"a b\"") == "a b")
+    }
+
     @Test("the set-up form: unknown, repeated and missing fields are refused")
     func setUpFormFields() throws {
         var extra = MultipartForm()
