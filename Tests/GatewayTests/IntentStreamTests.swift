@@ -46,8 +46,14 @@ struct IntentStreamTests {
             var newest: UInt64 = 0
             for index in 0..<3 {
                 let other = try await http.signIn("later-\(index)-\(UUID().uuidString)")
-                let state = try await http.send(.GET, "/v1/me/intent", token: other.sessionToken).decode(RouteState.self)
-                newest = max(newest, state.sequence ?? 0)
+                // The sign-in's reply comes before its intent commits: ask until it has.
+                var sequence: UInt64?
+                let deadline = ContinuousClock.now + .seconds(10)
+                while sequence == nil, ContinuousClock.now < deadline {
+                    sequence = try await http.send(.GET, "/v1/me/intent", token: other.sessionToken).decode(RouteState.self).sequence
+                    if sequence == nil { try await Task.sleep(for: .milliseconds(5)) }
+                }
+                newest = max(newest, try #require(sequence, "the intent of \(other.uid) never came"))
             }
             let stream = try await EventStreamReader.open(base: gateway.base, token: me.sessionToken)
             defer { stream.close() }
