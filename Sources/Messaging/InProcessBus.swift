@@ -83,20 +83,21 @@ public final class InProcessBus: MessageBus {
     public func subscribe(to endpoints: [Endpoint], topics: [String], limits: MessageLimits) async throws -> AsyncStream<Message> {
         let (stream, continuation) = AsyncStream.makeStream(
             of: Message.self, bufferingPolicy: .bufferingOldest(limits.queueLimit))
+        let leave = join(endpoints, Subscriber(topics: topics, continuation: continuation))
+        continuation.onTermination = { _ in leave() }
+        return stream
+    }
+
+    /// Adds `subscriber` at `endpoints` after ``joinDelay`` (at once when it is zero).
+    ///
+    /// - Returns: what removes it again, also before it has joined.
+    private func join(_ endpoints: [Endpoint], _ subscriber: Subscriber) -> @Sendable () -> Void {
         let id = state.withLock { $0.makeID() }
         let ended = Flag()
         let join: @Sendable () -> Void = { [weak self] in
             self?.state.withLock { state in
                 guard !ended.isSet else { return }
-                for endpoint in endpoints {
-                    state.subscribers[endpoint, default: [:]][id] = Subscriber(topics: topics, continuation: continuation)
-                }
-            }
-        }
-        continuation.onTermination = { [weak self] _ in
-            ended.set()
-            self?.state.withLock { state in
-                for endpoint in endpoints { state.subscribers[endpoint]?[id] = nil }
+                for endpoint in endpoints { state.subscribers[endpoint, default: [:]][id] = subscriber }
             }
         }
         if joinDelay == .zero {
@@ -108,7 +109,12 @@ public final class InProcessBus: MessageBus {
                 join()
             }
         }
-        return stream
+        return { [weak self] in
+            ended.set()
+            self?.state.withLock { state in
+                for endpoint in endpoints { state.subscribers[endpoint]?[id] = nil }
+            }
+        }
     }
 
     /// Set once a subscription has ended, so that a delayed join does not revive it.
@@ -249,32 +255,8 @@ public final class InProcessBus: MessageBus {
         to endpoints: [Endpoint], topics: [String], limits: MessageLimits,
         onLoop handler: @escaping @Sendable ([RawEvent]) -> Void
     ) async throws -> any BusLoopRegistration {
-        let id = state.withLock { $0.makeID() }
-        let ended = Flag()
         // Joins after `joinDelay`, as a stream subscription does (the slow joiner).
-        let join: @Sendable () -> Void = { [weak self] in
-            self?.state.withLock { state in
-                guard !ended.isSet else { return }
-                for endpoint in endpoints {
-                    state.subscribers[endpoint, default: [:]][id] = Subscriber(topics: topics, handler: handler)
-                }
-            }
-        }
-        if joinDelay == .zero {
-            join()
-        } else {
-            let delay = joinDelay
-            Task {
-                try? await Task.sleep(for: delay)
-                join()
-            }
-        }
-        return Registration { [weak self] in
-            ended.set()
-            self?.state.withLock { state in
-                for endpoint in endpoints { state.subscribers[endpoint]?[id] = nil }
-            }
-        }
+        Registration(onClose: join(endpoints, Subscriber(topics: topics, handler: handler)))
     }
 
     /// Runs `job` on this bus's loop thread (see ``MessageBus/perform(onLoop:)``).
