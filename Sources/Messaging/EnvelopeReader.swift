@@ -27,11 +27,6 @@ public struct EnvelopeReader: Sendable {
         }
     }
 
-    /// Whether messages of `messageType` have their payload read.
-    public func knows(_ messageType: String) -> Bool {
-        decoders[messageType] != nil
-    }
-
     /// Reads `body`.
     ///
     /// - Throws: ``ServiceError`` with `invalidMessage` (naming the wrong field, as

@@ -40,7 +40,6 @@ struct LoopRoutes: Sendable {
     private(set) var reader = EnvelopeReader()
 
     var types: [String] { Array(routes.keys) }
-    var isEmpty: Bool { routes.isEmpty }
 
     subscript(type: String) -> Route? { routes[type] }
 
@@ -138,9 +137,6 @@ extension RequestDispatcher {
                     return try reply.encode(response)
                 }))
     }
-
-    /// Whether any request type is answered on the bus's own thread.
-    var hasLoopRoutes: Bool { !loop.isEmpty }
 
     /// One request for a loop route, ready to run.
     struct LoopJob: Sendable {
