@@ -86,6 +86,7 @@ struct AuthStore: SessionVerifier {
             }
         }
         registerSessionLifetimeMigration(in: &migrator)
+        registerUnlinkMigration(in: &migrator)
         return migrator
     }
 
@@ -185,6 +186,7 @@ struct AuthStore: SessionVerifier {
             if let uid = try Self.liveUID(ofSession: token, in: db),
                 try !Self.isExpired(token: token, policy: policy, now: now, in: db)
             {
+                try Self.enqueueUnlink(uid: uid, now: now, in: db)
                 try db.execute(sql: "DELETE FROM account WHERE uid = ?", arguments: [uid])
                 try Self.recordEnding(.withdrawal, digest: digest, uid: uid, at: now, in: db)
                 try outbox.append(Withdrawn(uid: uid), uid: uid, correlationId: correlationId, in: db)

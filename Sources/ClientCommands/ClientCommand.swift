@@ -244,6 +244,11 @@ struct HealthCommand: AsyncParsableCommand {
                         retry: RetryPolicy(initial: .milliseconds(100), maximum: .milliseconds(100)),
                         deadline: max(left, .zero) + timeout, retryingOn: left > .zero ? ErrorCode.retryable : [])
                     if !quiet { Terminal.line("\(service.name.padding(toLength: 24, withPad: " ", startingAt: 0)) up    \(service.endpoint)  since \(status.startedAt)") }
+                    if !quiet, let unlink = status.unlink {
+                        Terminal.line(
+                            "    unlinks pending: \(unlink.pending)" + (unlink.oldestPendingSeconds.map { ", the oldest for \($0) s" } ?? "")
+                                + (unlink.lastError.map { "; last error: \($0) (\(unlink.lastErrorAt ?? ""))" } ?? ""))
+                    }
                 } catch let error as ServiceError {
                     if !quiet { Terminal.line("\(service.name.padding(toLength: 24, withPad: " ", startingAt: 0)) DOWN  \(service.endpoint)  (\(error.code))") }
                     down.append(service.name)

@@ -17,6 +17,10 @@ import Synchronization
 /// - the revoke and unlink endpoints (`POST /apple/auth/revoke`, `POST /kakao/v1/user/unlink`,
 ///   `POST /naver/oauth2.0/token`, `POST /google/revoke`): 200, or the failures set with
 ///   ``failNext(_:times:status:)``;
+/// - `POST /apple/auth/token`: Apple's exchange of an authorization code
+///   (`grant_type=authorization_code`) for tokens; the refresh token is
+///   ``appleRefreshToken(forCode:)``. A code is good once (a second use is 400 `invalid_grant`,
+///   as at Apple); failures set with ``failNext(_:times:status:)`` apply too;
 ///
 /// and records every request (``requests(path:)``). Tokens come from ``mintIDToken(_:subject:audience:nonce:issuedAt:lifetime:issuer:)``.
 ///
@@ -45,6 +49,7 @@ public final class FakeIdentityProvider: Sendable {
 
     public static let oidcProviders: [Provider] = [.google, .apple, .kakao]
     public static let revokePaths = ["/apple/auth/revoke", "/kakao/v1/user/unlink", "/naver/oauth2.0/token", "/google/revoke"]
+    public static let appleTokenPath = "/apple/auth/token"
 
     private struct State {
         /// Published keys per provider; the last one signs.
@@ -55,6 +60,7 @@ public final class FakeIdentityProvider: Sendable {
         var revokedNaverTokens: Set<String> = []
         var failures: [String: (times: Int, status: Int)] = [:]
         var rotations = 0
+        var usedAppleCodes: Set<String> = []
     }
     private let state: Mutex<State>
 
@@ -151,6 +157,9 @@ public final class FakeIdentityProvider: Sendable {
     /// A Naver access token this fake's profile API answers with `id`.
     public func naverAccessToken(for id: String) -> String { "fake-naver-\(id)" }
     public static func naverAccessToken(for id: String) -> String { "fake-naver-\(id)" }
+
+    /// The refresh token Apple's token endpoint gives for an authorization code.
+    public static func appleRefreshToken(forCode code: String) -> String { "fake-apple-refresh-\(code)" }
 
     /// From now on the profile API refuses `token` (401, `024`).
     public func revokeNaverToken(_ token: String) { state.withLock { _ = $0.revokedNaverTokens.insert(token) } }
@@ -265,7 +274,33 @@ public final class FakeIdentityProvider: Sendable {
                 return Self.json([:])
             }
         }
+        router.post(RouterPath(Self.appleTokenPath)) { request, _ -> Response in
+            let body = String(buffer: try await request.body.collect(upTo: 1 << 16))
+            if let failure = self.record(request, body: body) {
+                return Self.json(["error": "fake failure"], status: .init(code: failure.status))
+            }
+            return self.exchangeAppleCode(form: body)
+        }
         return router
+    }
+
+    private func exchangeAppleCode(form: String) -> Response {
+        var fields: [String: String] = [:]
+        for pair in form.split(separator: "&") {
+            let parts = pair.split(separator: "=", maxSplits: 1).map { String($0).removingPercentEncoding ?? String($0) }
+            if parts.count == 2 { fields[parts[0]] = parts[1] }
+        }
+        guard fields["grant_type"] == "authorization_code", let code = fields["code"], !code.isEmpty,
+            fields["client_secret"]?.split(separator: ".").count == 3, fields["client_id"]?.isEmpty == false
+        else {
+            return Self.json(["error": "invalid_request"], status: .badRequest)
+        }
+        let fresh = state.withLock { $0.usedAppleCodes.insert(code).inserted }
+        guard fresh else { return Self.json(["error": "invalid_grant"], status: .badRequest) }
+        return Self.json([
+            "access_token": "fake-apple-access-\(code)", "token_type": "Bearer", "expires_in": 3600,
+            "refresh_token": Self.appleRefreshToken(forCode: code),
+        ])
     }
 
     private func keySet(_ provider: Provider, _ request: Request) -> Response {
