@@ -1,4 +1,3 @@
-import Foundation
 import GRDB
 import Messaging
 import OnboardingAPI
@@ -18,7 +17,7 @@ extension AuthService {
         let (source, startedAt) = (dispatcher.source, Timestamp.now())
         dispatcher.onLoop(HealthCheck.self, access: .open, database: database, writes: false) { _, _, db in
             HealthStatus(
-                service: source, startedAt: startedAt, statistics: bus.statistics, unlink: try unlink.status(at: Date(), in: db))
+                service: source, startedAt: startedAt, statistics: bus.statistics, unlink: try unlink.status(in: db))
         }
     }
 }

@@ -129,7 +129,7 @@ final class UnlinkWorker: Sendable {
                     let first = state.withLock { $0.warnedNotConfigured.insert(provider).inserted }
                     if first { logger.notice("\(reason) (said once per provider)") }
                 } else {
-                    logger.notice("unlink skipped: \(reason)", metadata: metadata)
+                    logger.info("unlink skipped: \(reason)", metadata: metadata)
                 }
                 configuration.observer?(.dropped(uid: job.uid, provider: job.provider, reason))
             case .send(let target):
@@ -179,8 +179,8 @@ final class UnlinkWorker: Sendable {
 
     /// The queue for `health`: counted in `db`, with the newest failure seen since start when it
     /// is newer than any recorded on a pending job (a refusal leaves none there).
-    func status(at now: Date, in db: Database) throws -> UnlinkQueueStatus {
-        var status = try AuthStore.unlinkQueueStatus(at: now, in: db)
+    func status(in db: Database) throws -> UnlinkQueueStatus {
+        var status = try AuthStore.unlinkQueueStatus(at: store.clock(), in: db)
         if let failure = state.withLock({ $0.lastFailure }), failure.at >= (status.lastErrorAt ?? "") {
             status.lastError = failure.error
             status.lastErrorAt = failure.at
