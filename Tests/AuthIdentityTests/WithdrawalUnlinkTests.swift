@@ -62,6 +62,18 @@ struct WithdrawalUnlinkTests {
         }
     }
 
+    /// A fake provider and auth against it (``withAuth(fake:base:unlinking:events:databasePath:backoff:_:)``)
+    /// for `body`, which gets the fake and the worker's events.
+    func withSystem(
+        unlinking: [Provider] = Provider.allCases, _ body: (FakeIdentityProvider, UnlinkEventLog) async throws -> Void
+    ) async throws {
+        let fake = try await FakeIdentityProvider.make()
+        let events = UnlinkEventLog()
+        try await fake.withRunning { base in
+            try await withAuth(fake: fake, base: base, unlinking: unlinking, events: events) { try await body(fake, events) }
+        }
+    }
+
     func signIn(_ request: SignIn) async throws -> SignInResult {
         try await bus.call(request, to: rpc, source: "test")
     }
@@ -102,50 +114,46 @@ struct WithdrawalUnlinkTests {
 
     @Test("a withdrawal unlinks at each of the four providers with the request that provider takes")
     func eachProvider() async throws {
-        let fake = try await FakeIdentityProvider.make()
-        let events = UnlinkEventLog()
-        try await fake.withRunning { base in
-            try await withAuth(fake: fake, base: base, events: events) {
-                let apple = try await signIn(.apple, "apple-person", fake: fake, code: "code-1")
-                let kakao = try await signIn(.kakao, "3141", fake: fake)
-                let naver = try await signIn(.naver, "naver-person", fake: fake)
-                let google = try await signIn(.google, "google-person", fake: fake, access: "ya29.google-access")
+        try await withSystem { fake, events in
+            let apple = try await signIn(.apple, "apple-person", fake: fake, code: "code-1")
+            let kakao = try await signIn(.kakao, "3141", fake: fake)
+            let naver = try await signIn(.naver, "naver-person", fake: fake)
+            let google = try await signIn(.google, "google-person", fake: fake, access: "ya29.google-access")
 
-                // Apple's code was exchanged at sign-in, with a client secret signed by the key.
-                let exchange = try #require(fake.requests(path: FakeIdentityProvider.appleTokenPath).first)
-                let exchanged = Self.form(exchange.body)
-                #expect(exchanged["grant_type"] == "authorization_code" && exchanged["code"] == "code-1")
-                #expect(exchanged["client_id"] == FakeIdentityProvider.defaultClientID(.apple))
-                #expect(fake.requests(path: "/apple/auth/revoke").isEmpty, "nothing is unlinked before a withdrawal")
+            // Apple's code was exchanged at sign-in, with a client secret signed by the key.
+            let exchange = try #require(fake.requests(path: FakeIdentityProvider.appleTokenPath).first)
+            let exchanged = Self.form(exchange.body)
+            #expect(exchanged["grant_type"] == "authorization_code" && exchanged["code"] == "code-1")
+            #expect(exchanged["client_id"] == FakeIdentityProvider.defaultClientID(.apple))
+            #expect(fake.requests(path: "/apple/auth/revoke").isEmpty, "nothing is unlinked before a withdrawal")
 
-                for session in [apple, kakao, naver, google] { try await withdraw(session) }
-                let seen = await events.wait { events in
-                    Set(events.compactMap { if case .unlinked(let uid, _) = $0 { uid } else { nil } }).count == 4
-                }
-                #expect(seen.count == 4, "one attempt each: \(seen)")
+            for session in [apple, kakao, naver, google] { try await withdraw(session) }
+            let seen = await events.wait { events in
+                Set(events.compactMap { if case .unlinked(let uid, _) = $0 { uid } else { nil } }).count == 4
+        }
+        #expect(seen.count == 4, "one attempt each: \(seen)")
 
-                let revoke = Self.form(try #require(fake.requests(path: "/apple/auth/revoke").first).body)
-                #expect(revoke["token"] == FakeIdentityProvider.appleRefreshToken(forCode: "code-1"))
-                #expect(revoke["token_type_hint"] == "refresh_token")
-                #expect(revoke["client_id"] == FakeIdentityProvider.defaultClientID(.apple))
-                let secret = try #require(revoke["client_secret"])
-                let keys = JWTKeyCollection()
-                await keys.add(ecdsa: Self.appleKey.publicKey, kid: JWKIdentifier(string: "KEY1234567"))
-                _ = try await keys.verify(secret, as: AppleSecretClaims.self)
+        let revoke = Self.form(try #require(fake.requests(path: "/apple/auth/revoke").first).body)
+        #expect(revoke["token"] == FakeIdentityProvider.appleRefreshToken(forCode: "code-1"))
+        #expect(revoke["token_type_hint"] == "refresh_token")
+        #expect(revoke["client_id"] == FakeIdentityProvider.defaultClientID(.apple))
+        let secret = try #require(revoke["client_secret"])
+        let keys = JWTKeyCollection()
+        await keys.add(ecdsa: Self.appleKey.publicKey, kid: JWKIdentifier(string: "KEY1234567"))
+        _ = try await keys.verify(secret, as: AppleSecretClaims.self)
 
-                let unlink = try #require(fake.requests(path: Self.kakaoPath).first)
-                #expect(unlink.authorization == "KakaoAK kakao-admin-key")
-                #expect(unlink.body == "target_id_type=user_id&target_id=3141")
+        let unlink = try #require(fake.requests(path: Self.kakaoPath).first)
+        #expect(unlink.authorization == "KakaoAK kakao-admin-key")
+        #expect(unlink.body == "target_id_type=user_id&target_id=3141")
 
-                #expect(
-                    try #require(fake.requests(path: "/naver/oauth2.0/token").first).body
-                        == "grant_type=delete&client_id=naver-client&client_secret=naver-secret"
-                        + "&access_token=\(fake.naverAccessToken(for: "naver-person"))&service_provider=NAVER")
-                #expect(try #require(fake.requests(path: "/google/revoke").first).body == "token=ya29.google-access")
+        #expect(
+            try #require(fake.requests(path: "/naver/oauth2.0/token").first).body
+                == "grant_type=delete&client_id=naver-client&client_secret=naver-secret"
+                + "&access_token=\(fake.naverAccessToken(for: "naver-person"))&service_provider=NAVER")
+        #expect(try #require(fake.requests(path: "/google/revoke").first).body == "token=ya29.google-access")
 
-                let queue = try await unlinkQueue()
-                #expect(queue.pending == 0 && queue.oldestPendingSeconds == nil && queue.lastError == nil)
-            }
+        let queue = try await unlinkQueue()
+        #expect(queue.pending == 0 && queue.oldestPendingSeconds == nil && queue.lastError == nil)
         }
     }
 
@@ -153,19 +161,15 @@ struct WithdrawalUnlinkTests {
 
     @Test("an unlink that fails twice is retried, and done on the third attempt")
     func retriedAfterTwoFailures() async throws {
-        let fake = try await FakeIdentityProvider.make()
-        let events = UnlinkEventLog()
-        try await fake.withRunning { base in
-            try await withAuth(fake: fake, base: base, events: events) {
-                let person = try await signIn(.kakao, "2718", fake: fake)
-                fake.failNext(Self.kakaoPath, times: 2, status: 503)
-                try await withdraw(person)
-                let seen = await events.wait { $0.contains(.unlinked(uid: person.uid, provider: .kakao)) }
-                let attempts = seen.compactMap { if case .retrying(_, _, let attempts, _) = $0 { attempts } else { nil } }
-                #expect(attempts == [1, 2])
-                #expect(fake.requests(path: Self.kakaoPath).count == 3)
-                #expect(try await unlinkQueue().pending == 0)
-            }
+        try await withSystem { fake, events in
+            let person = try await signIn(.kakao, "2718", fake: fake)
+            fake.failNext(Self.kakaoPath, times: 2, status: 503)
+            try await withdraw(person)
+            let seen = await events.wait { $0.contains(.unlinked(uid: person.uid, provider: .kakao)) }
+            let attempts = seen.compactMap { if case .retrying(_, _, let attempts, _) = $0 { attempts } else { nil } }
+            #expect(attempts == [1, 2])
+            #expect(fake.requests(path: Self.kakaoPath).count == 3)
+            #expect(try await unlinkQueue().pending == 0)
         }
     }
 
@@ -208,49 +212,41 @@ struct WithdrawalUnlinkTests {
 
     @Test("a provider without unlink credentials is skipped; so is an account that left nothing to unlink with")
     func skipped() async throws {
-        let fake = try await FakeIdentityProvider.make()
-        let events = UnlinkEventLog()
-        try await fake.withRunning { base in
-            try await withAuth(fake: fake, base: base, unlinking: [.google, .apple], events: events) {
-                let naver = try await signIn(.naver, "n-1", fake: fake)
-                let kakao = try await signIn(.kakao, "k-1", fake: fake)
-                let google = try await signIn(.google, "g-1", fake: fake)  // no access token sent
-                fake.failNext(FakeIdentityProvider.appleTokenPath, times: 1, status: 500)
-                let apple = try await signIn(.apple, "a-1", fake: fake, code: "code-lost")  // signed in all the same
-                for session in [naver, kakao, google, apple] { try await withdraw(session) }
-                let seen = await events.wait { $0.count == 4 }
-                #expect(Set(seen) == [
-                    .dropped(uid: naver.uid, provider: .naver, .notConfigured(.naver)),
-                    .dropped(uid: kakao.uid, provider: .kakao, .notConfigured(.kakao)),
-                    .dropped(uid: google.uid, provider: .google, .nothingStored(.google)),
-                    .dropped(uid: apple.uid, provider: .apple, .nothingStored(.apple)),
-                ])
-                for path in FakeIdentityProvider.revokePaths { #expect(fake.requests(path: path).isEmpty, "\(path)") }
-                #expect(try await unlinkQueue().pending == 0)
-            }
+        try await withSystem(unlinking: [.google, .apple]) { fake, events in
+            let naver = try await signIn(.naver, "n-1", fake: fake)
+            let kakao = try await signIn(.kakao, "k-1", fake: fake)
+            let google = try await signIn(.google, "g-1", fake: fake)  // no access token sent
+            fake.failNext(FakeIdentityProvider.appleTokenPath, times: 1, status: 500)
+            let apple = try await signIn(.apple, "a-1", fake: fake, code: "code-lost")  // signed in all the same
+            for session in [naver, kakao, google, apple] { try await withdraw(session) }
+            let seen = await events.wait { $0.count == 4 }
+            #expect(Set(seen) == [
+                .dropped(uid: naver.uid, provider: .naver, .notConfigured(.naver)),
+                .dropped(uid: kakao.uid, provider: .kakao, .notConfigured(.kakao)),
+                .dropped(uid: google.uid, provider: .google, .nothingStored(.google)),
+                .dropped(uid: apple.uid, provider: .apple, .nothingStored(.apple)),
+            ])
+            for path in FakeIdentityProvider.revokePaths { #expect(fake.requests(path: path).isEmpty, "\(path)") }
+            #expect(try await unlinkQueue().pending == 0)
         }
     }
 
     @Test("a permanent refusal drops the job and shows in health")
     func refused() async throws {
-        let fake = try await FakeIdentityProvider.make()
-        let events = UnlinkEventLog()
-        try await fake.withRunning { base in
-            try await withAuth(fake: fake, base: base, events: events) {
-                let person = try await signIn(.apple, "a-2", fake: fake, code: "code-2")
-                fake.failNext("/apple/auth/revoke", times: 1, status: 400)
-                try await withdraw(person)
-                let seen = await events.wait { !$0.isEmpty }
-                guard case .refused(person.uid, .apple, let error) = seen.first else {
-                    Issue.record("expected a refusal, got \(seen)")
-                    return
-                }
-                #expect(error.contains("400"))
-                #expect(!error.contains(FakeIdentityProvider.appleRefreshToken(forCode: "code-2")), "no token in errors")
-                #expect(fake.requests(path: "/apple/auth/revoke").count == 1)
-                let queue = try await unlinkQueue()
-                #expect(queue.pending == 0 && queue.lastError == error && queue.lastErrorAt != nil)
+        try await withSystem { fake, events in
+            let person = try await signIn(.apple, "a-2", fake: fake, code: "code-2")
+            fake.failNext("/apple/auth/revoke", times: 1, status: 400)
+            try await withdraw(person)
+            let seen = await events.wait { !$0.isEmpty }
+            guard case .refused(person.uid, .apple, let error) = seen.first else {
+                Issue.record("expected a refusal, got \(seen)")
+                return
             }
+            #expect(error.contains("400"))
+            #expect(!error.contains(FakeIdentityProvider.appleRefreshToken(forCode: "code-2")), "no token in errors")
+            #expect(fake.requests(path: "/apple/auth/revoke").count == 1)
+            let queue = try await unlinkQueue()
+            #expect(queue.pending == 0 && queue.lastError == error && queue.lastErrorAt != nil)
         }
     }
 }
