@@ -36,22 +36,25 @@ extension AuthStore {
         let cutoff = Timestamp.format(policy.expiryCutoff(now: now))
         if !isNewAccount {
             let sessions = try Row.fetchAll(
-                db.cachedStatement(sql: "SELECT token, lastUsedAt FROM session WHERE uid = ? ORDER BY lastUsedAt DESC, rowid DESC"),
+                db.cachedStatement(sql: "SELECT id, token, lastUsedAt FROM session WHERE uid = ? ORDER BY lastUsedAt DESC, id DESC"),
                 arguments: [uid])
-            let expired = sessions.filter { ($0["lastUsedAt"] as String) < cutoff }.map { $0["token"] as String }
-            let evicted = policy.evicted(sessions).map { $0["token"] as String }
-            for token in Set(expired + evicted) {
-                try db.execute(sql: "DELETE FROM session WHERE token = ?", arguments: [token])
-                try recordEnding(expired.contains(token) ? .expired : .evicted, digest: token, uid: uid, at: now, in: db)
+            let expired = sessions.filter { ($0["lastUsedAt"] as String) < cutoff }
+            let evicted = policy.evicted(sessions)
+            var ended: Set<Int64> = []
+            for (row, ending) in expired.map({ ($0, SessionEnding.expired) }) + evicted.map({ ($0, .evicted) }) {
+                let id: Int64 = row["id"]
+                guard ended.insert(id).inserted else { continue }
+                try db.execute(sql: "DELETE FROM session WHERE id = ?", arguments: [id])
+                try recordEnding(ending, digest: row["token"], uid: uid, at: now, in: db)
             }
         }
         let stale = try Row.fetchAll(
-            db.cachedStatement(sql: "SELECT token, uid FROM session WHERE lastUsedAt < ? AND uid != ? LIMIT ?"),
+            db.cachedStatement(sql: "SELECT id, token, uid FROM session WHERE lastUsedAt < ? AND uid != ? LIMIT ?"),
             arguments: [cutoff, uid, pruneBatch])
         var accounts: Set<String> = []
         for row in stale {
-            let (token, owner): (String, String) = (row["token"], row["uid"])
-            try db.execute(sql: "DELETE FROM session WHERE token = ?", arguments: [token])
+            let (id, token, owner): (Int64, String, String) = (row["id"], row["token"], row["uid"])
+            try db.execute(sql: "DELETE FROM session WHERE id = ?", arguments: [id])
             try recordEnding(.expired, digest: token, uid: owner, at: now, in: db)
             accounts.insert(owner)
         }
@@ -73,12 +76,13 @@ extension AuthStore {
     }
 
     static func lookUp(token: String, policy: SessionPolicy, now: Date, in db: Database) throws -> SessionLookup {
-        let digest = SessionToken.digest(token)
+        let key = SessionKey(token: token)
+        let (condition, arguments) = key.condition
         guard !token.isEmpty,
             let row = try Row.fetchOne(
-                db.cachedStatement(sql: "SELECT uid, lastUsedAt FROM session WHERE token = ?"), arguments: [digest])
+                db.cachedStatement(sql: "SELECT uid, lastUsedAt FROM session WHERE \(condition)"), arguments: arguments)
         else {
-            return .ended(token.isEmpty ? nil : try ended(digest: digest, asOf: now, in: db)?.ending)
+            return .ended(token.isEmpty ? nil : try ended(digest: key.digest, asOf: now, in: db)?.ending)
         }
         let uid: String = row["uid"]
         let lastUsed = Timestamp.parse(row["lastUsedAt"]) ?? .distantPast
@@ -102,7 +106,8 @@ extension AuthStore {
     ///   session ended that way within the last day.
     func liveSessionUID(token: String) async throws -> String {
         let (policy, now, outbox) = (sessions, clock(), self.outbox)
-        let digest = SessionToken.digest(token)
+        let key = SessionKey(token: token)
+        let (condition, arguments) = key.condition
         let found = try await withStore(database, write: false, logger: logger) { db in
             try Self.lookUp(token: token, policy: policy, now: now, in: db)
         }
@@ -112,14 +117,15 @@ extension AuthStore {
         case .live(let uid, renew: true):
             try await withStore(database, logger: logger) { db in
                 try db.execute(
-                    sql: "UPDATE session SET lastUsedAt = ? WHERE token = ?", arguments: [Timestamp.format(now), digest])
+                    sql: "UPDATE session SET lastUsedAt = ? WHERE \(condition)",
+                    arguments: [Timestamp.format(now)] + arguments)
             }
             return uid
         case .expired(let uid):
             try await withStore(database, logger: logger) { db in
-                try db.execute(sql: "DELETE FROM session WHERE token = ?", arguments: [digest])
+                try db.execute(sql: "DELETE FROM session WHERE \(condition)", arguments: arguments)
                 guard db.changesCount > 0 else { return }  // another request ended it first
-                try Self.recordEnding(.expired, digest: digest, uid: uid, at: now, in: db)
+                try Self.recordEnding(.expired, digest: key.digest, uid: uid, at: now, in: db)
                 try outbox.append(
                     SignedOut(uid: uid, sessions: try Self.liveSessionCount(of: uid, in: db)), uid: uid,
                     correlationId: UUID().uuidString.lowercased(), in: db)
@@ -130,11 +136,12 @@ extension AuthStore {
         }
     }
 
-    /// Whether `token`'s session exists but has expired at `now` (a withdrawal must not use it).
-    static func isExpired(token: String, policy: SessionPolicy, now: Date, in db: Database) throws -> Bool {
+    /// Whether `key`'s session exists but has expired at `now` (a withdrawal must not use it).
+    static func isExpired(_ key: SessionKey, policy: SessionPolicy, now: Date, in db: Database) throws -> Bool {
+        let (condition, arguments) = key.condition
         guard
             let lastUsed = try String.fetchOne(
-                db, sql: "SELECT lastUsedAt FROM session WHERE token = ?", arguments: [SessionToken.digest(token)])
+                db, sql: "SELECT lastUsedAt FROM session WHERE \(condition)", arguments: arguments)
         else { return false }
         return policy.isExpired(lastUsed: Timestamp.parse(lastUsed) ?? .distantPast, now: now)
     }

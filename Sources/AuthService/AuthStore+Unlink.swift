@@ -12,7 +12,7 @@ import ServiceRuntime
 // are secrets at rest, protected like the rest of the database (0600), and never logged.
 extension AuthStore {
     static func registerUnlinkMigration(in migrator: inout DatabaseMigrator) {
-        migrator.registerMigration("auth-v5-provider-unlink") { db in
+        migrator.registerMigration("auth-v6-provider-unlink") { db in
             // Goes with the account: a withdrawal copies it into the job, then deletes both.
             try db.create(table: "providerGrant") { table in
                 table.column("uid", .text).primaryKey().references("account", onDelete: .cascade)

@@ -86,6 +86,29 @@ struct AuthStore: SessionVerifier {
             }
         }
         registerSessionLifetimeMigration(in: &migrator)
+        migrator.registerMigration("auth-v5-session-ids") { db in
+            // Sessions keyed by a number that grows (the row id, which the token carries)
+            // instead of by the digest of a random token: a new session is appended to the
+            // table instead of dirtying a random page of an index. Earlier sessions keep their
+            // digest in `legacyToken`, indexed only where it is set.
+            try db.execute(
+                sql: """
+                    CREATE TABLE session_v5 (
+                      id INTEGER PRIMARY KEY,
+                      token TEXT NOT NULL,
+                      legacyToken TEXT,
+                      uid TEXT NOT NULL REFERENCES account(uid) ON DELETE CASCADE,
+                      createdAt TEXT NOT NULL,
+                      lastUsedAt TEXT NOT NULL);
+                    INSERT INTO session_v5 (id, token, legacyToken, uid, createdAt, lastUsedAt)
+                      SELECT rowid, token, token, uid, createdAt, lastUsedAt FROM session;
+                    DROP TABLE session;
+                    ALTER TABLE session_v5 RENAME TO session;
+                    CREATE INDEX session_uid ON session(uid);
+                    CREATE INDEX session_lastUsedAt ON session(lastUsedAt);
+                    CREATE INDEX session_legacyToken ON session(legacyToken) WHERE legacyToken IS NOT NULL;
+                    """)
+        }
         registerUnlinkMigration(in: &migrator)
         return migrator
     }
@@ -113,7 +136,7 @@ struct AuthStore: SessionVerifier {
         // Time-ordered: new accounts (and the orchestrator's people) go to the end of their
         // tables' indexes.
         let candidateUID = Identifier.timeOrdered()
-        let token = SessionToken.make()
+        let secret = SessionToken.makeSecret()
         let now = Timestamp.format(date)
         try db.executeCached(
             """
@@ -137,7 +160,8 @@ struct AuthStore: SessionVerifier {
         }
         try db.executeCached(
             "INSERT INTO session (token, uid, createdAt, lastUsedAt) VALUES (?, ?, ?, ?)",
-            [SessionToken.digest(token), uid, now, now])
+            [SessionToken.digest(secret), uid, now, now])
+        let token = SessionToken.token(id: db.lastInsertedRowID, secret: secret)
         try applySessionPolicy(
             policy, uid: uid, isNewAccount: isNewAccount, now: date, outbox: outbox, correlationId: correlationId, in: db)
         // A new account has this one session; no need to count.
@@ -157,9 +181,10 @@ struct AuthStore: SessionVerifier {
     func signOut(token: String, everywhere: Bool = false, correlationId: String) async throws -> String {
         let (outbox, now) = (self.outbox, clock())
         return try await withStore(database, logger: logger) { db in
-            let digest = SessionToken.digest(token)
-            if let uid = try Self.liveUID(ofSession: token, in: db) {
-                try db.execute(sql: "DELETE FROM session WHERE token = ?", arguments: [digest])
+            let key = SessionKey(token: token)
+            let digest = key.digest
+            if let (id, uid) = try Self.liveSession(key, in: db) {
+                try db.execute(sql: "DELETE FROM session WHERE id = ?", arguments: [id])
                 if everywhere { try db.execute(sql: "DELETE FROM session WHERE uid = ?", arguments: [uid]) }
                 try Self.recordEnding(.signOut, digest: digest, uid: uid, at: now, in: db)
                 try outbox.append(
@@ -182,9 +207,10 @@ struct AuthStore: SessionVerifier {
     func withdraw(token: String, correlationId: String) async throws -> String {
         let (outbox, now, policy) = (self.outbox, clock(), sessions)
         return try await withStore(database, logger: logger) { db in
-            let digest = SessionToken.digest(token)
-            if let uid = try Self.liveUID(ofSession: token, in: db),
-                try !Self.isExpired(token: token, policy: policy, now: now, in: db)
+            let key = SessionKey(token: token)
+            let digest = key.digest
+            if let (_, uid) = try Self.liveSession(key, in: db),
+                try !Self.isExpired(key, policy: policy, now: now, in: db)
             {
                 try Self.enqueueUnlink(uid: uid, now: now, in: db)
                 try db.execute(sql: "DELETE FROM account WHERE uid = ?", arguments: [uid])
@@ -224,15 +250,17 @@ struct AuthStore: SessionVerifier {
         try await liveSessionUID(token: token)
     }
 
-    /// The uid of `token`'s live session, or `nil`.
     /// How many live sessions `uid` has, as of the current transaction.
     private static func liveSessions(of uid: String, in db: Database) throws -> Int {
         try Int.fetchOne(db.cachedStatement(sql: "SELECT COUNT(*) FROM session WHERE uid = ?"), arguments: [uid]) ?? 0
     }
 
-    private static func liveUID(ofSession token: String, in db: Database) throws -> String? {
-        guard !token.isEmpty else { return nil }
-        return try String.fetchOne(db, sql: "SELECT uid FROM session WHERE token = ?", arguments: [SessionToken.digest(token)])
+    /// The row id and uid of `key`'s live session, or `nil`.
+    private static func liveSession(_ key: SessionKey, in db: Database) throws -> (id: Int64, uid: String)? {
+        let (condition, arguments) = key.condition
+        guard let row = try Row.fetchOne(db, sql: "SELECT id, uid FROM session WHERE \(condition)", arguments: arguments)
+        else { return nil }
+        return (row["id"], row["uid"])
     }
 
     private static let unauthenticated = ServiceError(

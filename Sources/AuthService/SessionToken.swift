@@ -1,18 +1,29 @@
 import Crypto
 import Foundation
+import GRDB
+import Messaging
 
-/// Session tokens: 32 bytes from a cryptographically secure generator (BoringSSL's, through
-/// swift-crypto), base64url without padding.
+/// Session tokens: `<session id>.<secret>`. The id is the session's row in the store (a number
+/// that grows with each session: new sessions go to the end of the table, instead of a random
+/// page of an index per sign-in); the secret is 32 bytes from the kernel's cryptographically
+/// secure generator (through ``SecureRandom``), base64url without padding.
 ///
-/// The store keeps only each token's SHA-256 digest, so a copy of the database does not hand
-/// out live sessions.
+/// The store keeps only the SHA-256 of each secret, so a copy of the database does not hand out
+/// live sessions. The id is not secret: it finds the row, and the secret must match it.
+///
+/// Tokens made before session ids (a bare secret, no `.`) are found by the digest of the whole
+/// token (``SessionKey/legacy(digest:)``) and keep working until they end.
 enum SessionToken {
     static let byteCount = 32
 
-    static func make() -> String {
-        // BoringSSL's generator (seeded from the system, then no system call per token).
-        let bytes = SymmetricKey(size: SymmetricKeySize(bitCount: byteCount * 8)).withUnsafeBytes { Array($0) }
-        return base64URL(bytes)
+    /// A new secret, to be stored as its ``digest(_:)``.
+    static func makeSecret() -> String {
+        base64URL(SecureRandom.bytes(count: byteCount))
+    }
+
+    /// The token of session `id` with `secret`.
+    static func token(id: Int64, secret: String) -> String {
+        "\(id).\(secret)"
     }
 
     /// `bytes` in base64url (RFC 4648 §5) without padding.
@@ -52,6 +63,39 @@ enum SessionToken {
                 }
             }
             return index
+        }
+    }
+}
+
+/// How a presented session token is found in the store, and the digest that identifies it in
+/// `endedSession` (the digest of its secret: a row can name it without the token).
+enum SessionKey: Sendable, Hashable {
+    /// `<id>.<secret>`: the row `id`, whose `token` column must equal `digest`.
+    case session(id: Int64, digest: String)
+    /// A token made before session ids: the row whose `legacyToken` is `digest`.
+    case legacy(digest: String)
+
+    init(token: String) {
+        if let dot = token.utf8.firstIndex(of: UInt8(ascii: ".")),
+            let id = Int64(token[..<dot]), id > 0
+        {
+            self = .session(id: id, digest: SessionToken.digest(String(token[token.index(after: dot)...])))
+        } else {
+            self = .legacy(digest: SessionToken.digest(token))
+        }
+    }
+
+    var digest: String {
+        switch self {
+        case .session(_, let digest), .legacy(let digest): digest
+        }
+    }
+
+    /// The SQL condition that picks the session's row, and its arguments.
+    var condition: (sql: String, arguments: StatementArguments) {
+        switch self {
+        case .session(let id, let digest): ("id = ? AND token = ?", [id, digest])
+        case .legacy(let digest): ("legacyToken = ?", [digest])
         }
     }
 }

@@ -2,14 +2,12 @@ import Foundation
 
 /// UUID strings for ids made on the hot path, in the form `UUID().uuidString.lowercased()` gives
 /// (8-4-4-4-12 lowercase hex digits), without its cost: Foundation's `UUID()` opens and reads
-/// `/dev/urandom` for every id and formats it with `sprintf`. These take 16 bytes from the
-/// system's secure random source (`getrandom`) and write the digits directly.
+/// `/dev/urandom` for every id and formats it with `sprintf`. These take their random bits from
+/// ``SecureRandom`` (the kernel's generator, read in blocks) and write the digits directly.
 public enum Identifier {
     /// A random (version 4) UUID.
     public static func random() -> String {
-        var generator = SystemRandomNumberGenerator()
-        var high = generator.next() as UInt64
-        var low = generator.next() as UInt64
+        var (high, low) = SecureRandom.words()
         high = (high & ~0xF000) | 0x4000  // version 4
         low = (low & ~(0xC000_0000_0000_0000 as UInt64)) | 0x8000_0000_0000_0000  // RFC 9562 variant
         return format(high: high, low: low)
@@ -19,11 +17,10 @@ public enum Identifier {
     /// random bits. Ids made later sort later, so a table keyed by them grows at its end instead
     /// of dirtying a page anywhere in its index for each new row.
     public static func timeOrdered(now: Date = Date()) -> String {
-        var generator = SystemRandomNumberGenerator()
         let milliseconds = UInt64(max(0, now.timeIntervalSince1970 * 1000)) & 0xFFFF_FFFF_FFFF
-        let random = generator.next() as UInt64
+        let (random, bits) = SecureRandom.words()
         let high = (milliseconds << 16) | 0x7000 | (random & 0x0FFF)  // version 7
-        var low = generator.next() as UInt64
+        var low = bits
         low = (low & ~(0xC000_0000_0000_0000 as UInt64)) | 0x8000_0000_0000_0000
         return format(high: high, low: low)
     }

@@ -21,11 +21,13 @@ public enum WireDecoder {
     static func fastDecode<Value: Decodable>(
         _ type: Value.Type, from data: Data, userInfo: [CodingUserInfoKey: any Sendable]
     ) throws -> Value {
-        let root = try data.withUnsafeBytes { bytes in
+        // Keys, plain strings and numbers stay slices of `data` until a field is decoded: the
+        // tree is read while the bytes are at hand.
+        try data.withUnsafeBytes { bytes in
             var parser = JSONParser(bytes: bytes)
-            return try parser.parseDocument()
+            let root = try parser.parseDocument()
+            return try Value(from: TreeDecoder(value: root, userInfo: userInfo))
         }
-        return try Value(from: TreeDecoder(value: root, userInfo: userInfo))
     }
 
     /// Whatever the fast path does not handle; Foundation's decoder takes over.
@@ -38,10 +40,34 @@ private enum JSONValue {
     case null
     case bool(Bool)
     /// An integer literal, as written (`-`? digits, no fraction or exponent).
-    case integer(String)
+    case integer(RawText)
+    /// A string without escapes: its bytes, valid UTF-8.
+    case text(RawText)
+    /// A string with escapes, decoded.
     case string(String)
     case array([JSONValue])
-    case object([(key: String, value: JSONValue)])
+    /// Members in the order written; keys are strings without escapes.
+    case object([(key: RawText, value: JSONValue)])
+}
+
+/// Bytes of the message being decoded (valid only while it is), made into a `String` only when
+/// a field is read.
+private struct RawText {
+    let start: UnsafeRawPointer
+    let count: Int
+
+    var string: String {
+        String(decoding: UnsafeRawBufferPointer(start: start, count: count), as: UTF8.self)
+    }
+
+    func equals(_ other: RawText) -> Bool {
+        count == other.count && memcmp(start, other.start, count) == 0
+    }
+
+    func equals(_ key: String) -> Bool {
+        var key = key
+        return key.withUTF8 { utf8 in utf8.count == count && (count == 0 || memcmp(start, utf8.baseAddress!, count) == 0) }
+    }
 }
 
 /// RFC 8259, strictly: no leading zeros, no control characters in strings, valid UTF-8 and
@@ -78,7 +104,7 @@ private struct JSONParser {
         switch bytes[index] {
         case UInt8(ascii: "{"): return try parseObject()
         case UInt8(ascii: "["): return try parseArray()
-        case UInt8(ascii: "\""): return .string(try parseString())
+        case UInt8(ascii: "\""): return try parseString()
         case UInt8(ascii: "t"): try expect("true"); return .bool(true)
         case UInt8(ascii: "f"): try expect("false"); return .bool(false)
         case UInt8(ascii: "n"): try expect("null"); return .null
@@ -107,23 +133,25 @@ private struct JSONParser {
         if index < bytes.count, [UInt8(ascii: "."), UInt8(ascii: "e"), UInt8(ascii: "E")].contains(bytes[index]) {
             throw WireDecoder.NotHandled()
         }
-        return .integer(String(decoding: UnsafeRawBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self))
+        return .integer(RawText(start: bytes.baseAddress! + start, count: index - start))
     }
 
-    mutating func parseString() throws -> String {
+    mutating func parseString() throws -> JSONValue {
         index += 1  // the opening quote
         let start = index
-        // Fast case: no escapes.
+        // Fast case: no escapes, left in place (checked to be UTF-8 when not ASCII).
+        var ascii = true
         while index < bytes.count {
             let byte = bytes[index]
             if byte == UInt8(ascii: "\"") {
                 let raw = UnsafeRawBufferPointer(rebasing: bytes[start..<index])
                 index += 1
-                guard let string = String(validating: raw, as: UTF8.self) else { throw WireDecoder.NotHandled() }
-                return string
+                guard ascii || String(validating: raw, as: UTF8.self) != nil else { throw WireDecoder.NotHandled() }
+                return .text(RawText(start: bytes.baseAddress! + start, count: raw.count))
             }
             if byte == UInt8(ascii: "\\") { break }
             guard byte >= 0x20 else { throw WireDecoder.NotHandled() }
+            if byte >= 0x80 { ascii = false }
             index += 1
         }
         // With escapes.
@@ -134,7 +162,7 @@ private struct JSONParser {
             case UInt8(ascii: "\""):
                 index += 1
                 guard let string = String(validating: decoded, as: UTF8.self) else { throw WireDecoder.NotHandled() }
-                return string
+                return .string(string)
             case UInt8(ascii: "\\"):
                 index += 1
                 guard index < bytes.count else { throw WireDecoder.NotHandled() }
@@ -223,7 +251,7 @@ private struct JSONParser {
         guard depth <= Self.maximumDepth else { throw WireDecoder.NotHandled() }
         defer { depth -= 1 }
         index += 1
-        var members: [(key: String, value: JSONValue)] = []
+        var members: [(key: RawText, value: JSONValue)] = []
         skipSpace()
         if index < bytes.count, bytes[index] == UInt8(ascii: "}") {
             index += 1
@@ -232,9 +260,10 @@ private struct JSONParser {
         repeat {
             skipSpace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw WireDecoder.NotHandled() }
-            let key = try parseString()
-            // A key given twice: which one counts is Foundation's to say.
-            guard !members.contains(where: { $0.key == key }) else { throw WireDecoder.NotHandled() }
+            // A key with escapes, or given twice (which one counts?): Foundation's to judge.
+            guard case .text(let key) = try parseString(), !members.contains(where: { $0.key.equals(key) }) else {
+                throw WireDecoder.NotHandled()
+            }
             skipSpace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { throw WireDecoder.NotHandled() }
             index += 1
@@ -269,12 +298,14 @@ private struct TreeDecoder: Decoder {
 /// Reads a primitive of type `T` from `value`, or refuses.
 private func primitive<T: Decodable>(_: T.Type, from value: JSONValue, userInfo: [CodingUserInfoKey: Any]) throws -> T {
     switch value {
+    case .text(let text):
+        if T.self == String.self { return text.string as! T }
     case .string(let string):
         if T.self == String.self { return string as! T }
     case .bool(let bool):
         if T.self == Bool.self { return bool as! T }
     case .integer(let digits):
-        if let integer = integer(T.self, digits) { return integer }
+        if let integer = integer(T.self, digits.string) { return integer }
     default:
         break
     }
@@ -303,18 +334,20 @@ private func integer<T>(_: T.Type, _ text: String) -> T? {
 }
 
 private struct TreeKeyed<Key: CodingKey>: KeyedDecodingContainerProtocol {
-    let members: [(key: String, value: JSONValue)]
+    let members: [(key: RawText, value: JSONValue)]
     let userInfo: [CodingUserInfoKey: Any]
     var codingPath: [any CodingKey] { [] }
 
-    var allKeys: [Key] { members.compactMap { Key(stringValue: $0.key) } }
+    var allKeys: [Key] { members.compactMap { Key(stringValue: $0.key.string) } }
 
     func contains(_ key: Key) -> Bool {
-        members.contains { $0.key == key.stringValue }
+        let name = key.stringValue
+        return members.contains { $0.key.equals(name) }
     }
 
     private func member(_ key: Key) throws -> JSONValue {
-        guard let member = members.first(where: { $0.key == key.stringValue }) else { throw WireDecoder.NotHandled() }
+        let name = key.stringValue
+        guard let member = members.first(where: { $0.key.equals(name) }) else { throw WireDecoder.NotHandled() }
         return member.value
     }
 

@@ -25,6 +25,50 @@ public enum WireEncoder {
         }
     }
 
+    /// Appends the JSON bytes of `value` to `output`.
+    static func append<Value: Encodable>(_ value: Value, to output: inout [UInt8]) throws {
+        do {
+            try NodeEncoder.node(for: value).write(to: &output)
+        } catch is Unsupported {
+            output.append(contentsOf: try WireFormat.encoder().encode(value))
+        }
+    }
+
+    /// The bytes of `envelope`: its header's fields written directly, in sorted order, with the
+    /// payload's JSON in its place between `id` and `sequence`.
+    static func encode<Payload>(envelope: Envelope<Payload>) throws -> Data {
+        let header = envelope.header
+        var output: [UInt8] = []
+        output.reserveCapacity(512)
+        output.append(UInt8(ascii: "{"))
+        if let correlationId = header.correlationId { member("correlationId", correlationId, to: &output) }
+        member("id", header.id, to: &output)
+        output.append(contentsOf: #""payload":"#.utf8)
+        try append(envelope.payload, to: &output)
+        output.append(contentsOf: #","sequence":"#.utf8)
+        output.append(contentsOf: String(header.sequence).utf8)
+        output.append(UInt8(ascii: ","))
+        if let serviceToken = header.serviceToken { member("serviceToken", serviceToken, to: &output) }
+        if let sessionToken = header.sessionToken { member("sessionToken", sessionToken, to: &output) }
+        member("source", header.source, to: &output)
+        member("time", header.time, to: &output)
+        member("type", header.type, to: &output)
+        if let uid = header.uid { member("uid", uid, to: &output) }
+        output.append(contentsOf: #""version":"#.utf8)
+        output.append(contentsOf: String(header.version).utf8)
+        output.append(UInt8(ascii: "}"))
+        return Data(output)
+    }
+
+    /// `"key":"value",`
+    private static func member(_ key: StaticString, _ value: String, to output: inout [UInt8]) {
+        output.append(UInt8(ascii: "\""))
+        output.append(contentsOf: UnsafeBufferPointer(start: key.utf8Start, count: key.utf8CodeUnitCount))
+        output.append(contentsOf: [UInt8(ascii: "\""), UInt8(ascii: ":")])
+        writeString(value, to: &output)
+        output.append(UInt8(ascii: ","))
+    }
+
     /// Something this encoder leaves to Foundation's.
     struct Unsupported: Error {}
 }

@@ -27,6 +27,12 @@ public enum ServiceDatabase {
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
             try db.execute(sql: "PRAGMA wal_autocheckpoint = 0")
             try db.execute(sql: "PRAGMA journal_size_limit = \(64 * 1024 * 1024)")
+            if !db.configuration.readonly {
+                // The writer's page cache: 64 MiB instead of SQLite's 2 MiB, so the pages a
+                // batch of inserts touches stay in memory instead of being read back from the
+                // file system for each transaction (not a durability setting).
+                try db.execute(sql: "PRAGMA cache_size = -65536")
+            }
         }
         guard let path else {
             return try DatabaseQueue(configuration: configuration)

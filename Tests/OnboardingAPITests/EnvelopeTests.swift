@@ -118,11 +118,34 @@ struct WireEncoderTests {
                 nested: [FuzzValues.string(&random): [UInt8(truncatingIfNeeded: random.next())], "b": []],
                 provider: Provider.allCases[Int(random.next() % UInt64(Provider.allCases.count))],
                 small: Int8(truncatingIfNeeded: random.next()), big: random.next())
-            let header = EnvelopeHeader(type: FuzzValues.string(&random), source: "test\u{1}\"\\/é")
+            func maybe() -> String? { random.next() % 2 == 0 ? nil : FuzzValues.string(&random) }
+            let header = EnvelopeHeader(
+                version: Int(truncatingIfNeeded: random.next()), id: FuzzValues.string(&random), type: FuzzValues.string(&random),
+                source: "test\u{1}\"\\/é", sequence: random.next(), time: FuzzValues.string(&random), correlationId: maybe(),
+                uid: maybe(), sessionToken: maybe(), serviceToken: maybe())
             let envelope = Envelope(header: header, payload: value)
-            let wire = try WireEncoder.encode(envelope)
             let foundation = try WireFormat.encoder().encode(envelope)
-            #expect(wire == foundation, "\(String(decoding: wire, as: UTF8.self)) vs \(String(decoding: foundation, as: UTF8.self))")
+            for wire in [try WireEncoder.encode(envelope), try envelope.encoded()] {
+                #expect(wire == foundation, "\(String(decoding: wire, as: UTF8.self)) vs \(String(decoding: foundation, as: UTF8.self))")
+            }
+        }
+    }
+
+    @Test("an envelope whose payload it does not handle is still Foundation's bytes")
+    func envelopeFallsBack() throws {
+        struct Other: Codable, Sendable { var ratio: Double; var name: String }
+        let envelope = Envelope(header: EnvelopeHeader(type: "t", source: "s", uid: "u"), payload: Other(ratio: 0.1, name: "x"))
+        #expect(try envelope.encoded() == WireFormat.encoder().encode(envelope))
+    }
+
+    @Test("timestamps are RFC 3339 in UTC with milliseconds, as Foundation formats them")
+    func timestamps() {
+        var random = FuzzRandom(seed: 20261124)
+        let style = Date.ISO8601FormatStyle(includingFractionalSeconds: true)
+        for _ in 0..<2000 {
+            // Whole milliseconds from 1970 to 2100, so rounding cannot differ.
+            let date = Date(timeIntervalSince1970: Double(random.next() % 4_102_444_800_000) / 1000)
+            #expect(Timestamp.format(date) == style.format(date), "\(date.timeIntervalSince1970)")
         }
     }
 
@@ -151,6 +174,23 @@ struct IdentifierTests {
             }
         }
         #expect(Set((0..<10_000).map { _ in Identifier.random() }).count == 10_000)
+    }
+
+    @Test("secure random bytes are handed out once each, across the pool's 4 KiB refills")
+    func secureRandom() {
+        var seen: Set<[UInt8]> = []
+        for count in [1, 7, 16, 32, 4095, 4096, 5000] {
+            for _ in 0..<20 {
+                let bytes = SecureRandom.bytes(count: count)
+                #expect(bytes.count == count)
+                if count >= 16 { #expect(seen.insert(bytes).inserted) }
+            }
+        }
+        // 64 KiB of output: every byte value appears, none far more often than the others.
+        let sample = SecureRandom.bytes(count: 65_536)
+        var counts = [Int](repeating: 0, count: 256)
+        for byte in sample { counts[Int(byte)] += 1 }
+        #expect(counts.min()! > 150 && counts.max()! < 370, "\(counts.min()!)...\(counts.max()!)")
     }
 
     @Test("time-ordered ids sort by the millisecond they were made in")
