@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 import Hummingbird
 import Logging
@@ -22,7 +23,7 @@ import Synchronization
 ///   ``appleRefreshToken(forCode:)``. A code is good once (a second use is 400 `invalid_grant`,
 ///   as at Apple); failures set with ``failNext(_:times:status:)`` apply too;
 ///
-/// and records every request (``requests(path:)``). Tokens come from ``mintIDToken(_:subject:audience:nonce:issuedAt:lifetime:issuer:)``.
+/// and records every request (``requests(path:)``, ``waitForRequests(path:count:)``). Tokens come from ``mintIDToken(_:subject:audience:nonce:issuedAt:lifetime:issuer:)``.
 ///
 /// Thread safety: every method may be called from any task while the server runs.
 public final class FakeIdentityProvider: Sendable {
@@ -61,6 +62,7 @@ public final class FakeIdentityProvider: Sendable {
         var failures: [String: (times: Int, status: Int)] = [:]
         var rotations = 0
         var usedAppleCodes: Set<String> = []
+        var waiters: [(path: String, count: Int, continuation: CheckedContinuation<[RecordedRequest], Never>)] = []
     }
     private let state: Mutex<State>
 
@@ -158,6 +160,10 @@ public final class FakeIdentityProvider: Sendable {
     public func naverAccessToken(for id: String) -> String { "fake-naver-\(id)" }
     public static func naverAccessToken(for id: String) -> String { "fake-naver-\(id)" }
 
+    /// A new P-256 private key in PEM, as in the `.p8` file Apple gives developers: what the
+    /// Apple unlink settings of a test, or of a laptop trying it, need.
+    public static func makeAppleDeveloperKeyPEM() -> String { P256.Signing.PrivateKey().pemRepresentation }
+
     /// The refresh token Apple's token endpoint gives for an authorization code.
     public static func appleRefreshToken(forCode code: String) -> String { "fake-apple-refresh-\(code)" }
 
@@ -185,6 +191,20 @@ public final class FakeIdentityProvider: Sendable {
     /// The requests answered so far, to `path` only when given.
     public func requests(path: String? = nil) -> [RecordedRequest] {
         state.withLock { state in state.requests.filter { path == nil || $0.path == path } }
+    }
+
+    /// Waits until `count` requests to `path` have come (at once if they have), and returns them.
+    /// Bound the wait with the test's time limit.
+    public func waitForRequests(path: String, count: Int = 1) async -> [RecordedRequest] {
+        await withCheckedContinuation { continuation in
+            let seen = state.withLock { state -> [RecordedRequest]? in
+                let seen = state.requests.filter { $0.path == path }
+                if seen.count >= count { return seen }
+                state.waiters.append((path, count, continuation))
+                return nil
+            }
+            if let seen { continuation.resume(returning: seen) }
+        }
     }
 
     // MARK: Serving
@@ -231,16 +251,23 @@ public final class FakeIdentityProvider: Sendable {
     }()
 
     private func record(_ request: Request, body: String) -> (times: Int, status: Int)? {
-        state.withLock { state in
+        let (failure, ready) = state.withLock { state in
             state.requests.append(
                 RecordedRequest(
                     method: request.method.rawValue, path: request.uri.path,
                     authorization: request.headers[.authorization], body: body))
-            guard var failure = state.failures[request.uri.path], failure.times > 0 else { return nil }
+            let seen = state.requests.filter { $0.path == request.uri.path }
+            let ready = state.waiters.filter { $0.path == request.uri.path && seen.count >= $0.count }
+            state.waiters.removeAll { $0.path == request.uri.path && seen.count >= $0.count }
+            guard var failure = state.failures[request.uri.path], failure.times > 0 else {
+                return (nil as (times: Int, status: Int)?, ready.map { ($0.continuation, seen) })
+            }
             failure.times -= 1
             state.failures[request.uri.path] = failure
-            return failure
+            return (failure, ready.map { ($0.continuation, seen) })
         }
+        for (continuation, seen) in ready { continuation.resume(returning: seen) }
+        return failure
     }
 
     private func makeRouter() -> Router<BasicRequestContext> {

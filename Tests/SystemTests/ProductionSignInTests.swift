@@ -16,8 +16,10 @@ import Glibc
 @Suite("Real sign-in with the auth-service executable", .serialized, .timeLimit(.minutes(2)))
 struct ProductionSignInTests {
     /// Starts auth-service on loopback ports of its own, its data in `directory`.
-    static func startAuth(base: String, rpc: Endpoint, events: Endpoint, directory: URL) throws -> Process {
-        var environment = ProcessInfo.processInfo.environment.merging([
+    static func startAuth(
+        base: String, rpc: Endpoint, events: Endpoint, directory: URL, more: [String: String] = [:]
+    ) throws -> Process {
+        var environment = ProcessInfo.processInfo.environment.merging(more) { $1 }.merging([
             "ONBOARDING_DATA_DIR": directory.path, "ONBOARDING_AUTH_RPC": rpc.rawValue,
             "ONBOARDING_AUTH_EVENTS": events.rawValue, "ONBOARDING_LOG_LEVEL": "warning",
             "ONBOARDING_AUTH_DEV_MODE": "0",
@@ -63,6 +65,64 @@ struct ProductionSignInTests {
             throw error
         }
         await bus.shutdown()
+    }
+
+    @Test("configured by its environment, auth exchanges Apple's code at sign-in and unlinks withdrawals at Apple and Kakao")
+    func unlinkOnWithdrawal() async throws {
+        let fake = try await FakeIdentityProvider.make()
+        let port = 32_000 - 10 - Int.random(in: 0..<500) * 2
+        let (rpc, events) = (Endpoint("tcp://127.0.0.1:\(port)"), Endpoint("tcp://127.0.0.1:\(port + 1)"))
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("onboarding-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var logger = Logger(label: "production-unlink-test")
+        logger.logLevel = .warning
+        let bus = ZeroMQBus(source: "test", logger: logger)
+        do {
+            try await withdrawTwo(fake: fake, bus: bus, rpc: rpc, events: events, directory: directory)
+        } catch {
+            await bus.shutdown()
+            throw error
+        }
+        await bus.shutdown()
+    }
+
+    func withdrawTwo(fake: FakeIdentityProvider, bus: ZeroMQBus, rpc: Endpoint, events: Endpoint, directory: URL) async throws {
+        let keyFile = directory.appendingPathComponent("AuthKey_KEY1234567.p8")
+        try FakeIdentityProvider.makeAppleDeveloperKeyPEM().write(to: keyFile, atomically: true, encoding: .utf8)
+        try await fake.withRunning { base in
+            let auth = try Self.startAuth(
+                base: base, rpc: rpc, events: events, directory: directory,
+                more: [
+                    "ONBOARDING_APPLE_TEAM_ID": "TEAM123456", "ONBOARDING_APPLE_KEY_ID": "KEY1234567",
+                    "ONBOARDING_APPLE_PRIVATE_KEY_PATH": keyFile.path,
+                    "ONBOARDING_APPLE_TOKEN_URL": "\(base)\(FakeIdentityProvider.appleTokenPath)",
+                    "ONBOARDING_APPLE_REVOKE_URL": "\(base)/apple/auth/revoke",
+                    "ONBOARDING_KAKAO_ADMIN_KEY": "kakao-admin-key", "ONBOARDING_KAKAO_UNLINK_URL": "\(base)/kakao/v1/user/unlink",
+                ])
+            do {
+                _ = try await bus.waitUntilAnswering(rpc, source: "test", timeout: .seconds(30))
+                let apple: SignInResult = try await bus.call(
+                    SignIn(provider: .apple, subject: "", idToken: try fake.mintIDToken(.apple, subject: "a-7"), authorizationCode: "c-7"),
+                    to: rpc, source: "test")
+                let kakao: SignInResult = try await bus.call(
+                    SignIn(provider: .kakao, subject: "", idToken: try fake.mintIDToken(.kakao, subject: "7007")), to: rpc, source: "test")
+                for session in [apple, kakao] {
+                    let _: AccountResult = try await bus.call(Withdraw(), to: rpc, source: "test", sessionToken: session.sessionToken)
+                }
+                let revoked = await fake.waitForRequests(path: "/apple/auth/revoke")
+                #expect(revoked.first?.body.contains("token=\(FakeIdentityProvider.appleRefreshToken(forCode: "c-7"))") == true)
+                let unlinked = await fake.waitForRequests(path: "/kakao/v1/user/unlink")
+                #expect(unlinked.first?.body == "target_id_type=user_id&target_id=7007")
+                #expect(unlinked.first?.authorization == "KakaoAK kakao-admin-key")
+                let health: HealthStatus = try await bus.call(HealthCheck(), to: rpc, source: "test")
+                #expect(health.unlink != nil, "auth's health shows its unlink queue")
+            } catch {
+                _ = await Self.stop(auth)
+                throw error
+            }
+            #expect(await Self.stop(auth) == 0, "auth stops cleanly on SIGTERM")
+        }
     }
 
     func signInTwice(fake: FakeIdentityProvider, bus: ZeroMQBus, rpc: Endpoint, events: Endpoint, directory: URL) async throws {
