@@ -54,11 +54,11 @@ struct SignInCommand: AsyncParsableCommand {
     var subject: String = ""
     @Option(help: "Google, Apple, Kakao: the provider's ID token (onboarding-fake-provider token makes one for a local fake).")
     var idToken: String?
-    @Option(help: "Naver: the access token from Naver's sign-in.")
+    @Option(help: "Naver: the access token from Naver's sign-in. Google: optionally its OAuth access token (revoked on withdrawal).")
     var accessToken: String?
     @Option(help: "The raw nonce given to the provider's sign-in, when there was one; the ID token must carry it.")
     var nonce: String?
-    @Option(help: "Apple: the authorization code of the same sign-in (accepted, not used yet).")
+    @Option(help: "Apple: the authorization code of the same sign-in (exchanged to unlink the account at Apple on withdrawal).")
     var authorizationCode: String?
     @OptionGroup var options: ClientOptions
 
