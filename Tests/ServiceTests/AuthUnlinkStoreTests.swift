@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import Logging
 import Messaging
 import OnboardingAPI
 import ServiceRuntime
@@ -72,5 +73,40 @@ struct AuthUnlinkStoreTests {
         #expect(try await store.nextUnlinkAttempt() == nil)
         let empty = try await database.read { db in try AuthStore.unlinkQueueStatus(at: time.now, in: db) }
         #expect(empty == UnlinkQueueStatus(pending: 0))
+    }
+}
+
+@Suite("auth's unlink worker", .timeLimit(.minutes(1)))
+struct AuthUnlinkWorkerTests {
+    @Test("in dev mode nothing is configured: each withdrawal's unlink is dropped, logged once per provider")
+    func devModeDropsOncePerProvider() async throws {
+        let (bus, rpc) = (InProcessBus(), Defaults.authRPC)
+        let lines = Observed<[String]>([])
+        let events = Observed<[UnlinkEvent]>([])
+        let configuration = AuthService.Configuration(
+            rpc: rpc, events: Defaults.authEvents, devMode: true,
+            unlink: UnlinkConfiguration(observer: { event in events.update { $0.append(event) } }))
+        let logger = Logger(label: "test") { _ in ObservedLogHandler(lines: lines) }
+        let service = try AuthService(configuration: configuration, bus: bus, logger: logger)
+        try await withRunningService(service, on: bus, answeringAt: rpc) {
+            for (provider, subject) in [(Provider.kakao, "a"), (.kakao, "b"), (.google, "c")] {
+                let session = try await bus.call(SignIn(provider: provider, subject: subject), to: rpc, source: "test")
+                _ = try await bus.call(Withdraw(), to: rpc, source: "test", sessionToken: session.sessionToken)
+            }
+            let seen = try await events.wait { $0.count == 3 }
+            #expect(seen.allSatisfy { event in
+                if case .dropped(_, let provider, let reason) = event { reason == .notConfigured(provider) } else { false }
+            })
+            #expect(lines.value.filter { $0.contains("not configured") }.count == 2, "\(lines.value)")
+            #expect(try await bus.call(HealthCheck(), to: rpc, source: "test").unlink == UnlinkQueueStatus(pending: 0))
+        }
+    }
+
+    @Test("a wake-up before the wait is kept; a wait with a timeout ends by itself")
+    func wakeSignal() async {
+        let signal = WakeSignal()
+        signal.wake()
+        await signal.wait(timeout: nil)
+        await signal.wait(timeout: .milliseconds(1))
     }
 }
