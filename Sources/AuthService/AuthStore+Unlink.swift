@@ -64,9 +64,12 @@ extension AuthStore {
         }
     }
 
+    // The worker's own queries throw the database's errors as they are (a cancellation at
+    // shutdown included): the worker logs what is not a cancellation.
+
     /// Up to `limit` jobs whose next attempt is due at `now`, the longest due first.
     func dueUnlinkJobs(at now: Date, limit: Int) async throws -> [UnlinkJob] {
-        try await withStore(database, write: false, logger: logger) { db in
+        try await database.read { db in
             try Row.fetchAll(
                 db, sql: "SELECT * FROM unlinkJob WHERE nextAttemptAt <= ? ORDER BY nextAttemptAt LIMIT ?",
                 arguments: [Timestamp.format(now), limit]
@@ -76,14 +79,14 @@ extension AuthStore {
 
     /// When the next job is due (`nil`: the queue is empty).
     func nextUnlinkAttempt() async throws -> Date? {
-        try await withStore(database, write: false, logger: logger) { db in
+        try await database.read { db in
             try String.fetchOne(db, sql: "SELECT MIN(nextAttemptAt) FROM unlinkJob").flatMap(Timestamp.parse)
         }
     }
 
     /// Carries out `step` for `job`: deletes it, or records the failure and the next attempt.
     func apply(_ step: UnlinkStep, to job: UnlinkJob, at now: Date) async throws {
-        try await withStore(database, logger: logger) { db in
+        try await database.write { db in
             switch step {
             case .unlinked, .refused:
                 try db.execute(sql: "DELETE FROM unlinkJob WHERE uid = ?", arguments: [job.uid])

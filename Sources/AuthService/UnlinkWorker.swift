@@ -148,7 +148,8 @@ final class UnlinkWorker: Sendable {
             }
             return true
         } catch {
-            if !Task.isCancelled { logger.error("the unlink queue cannot be written (\(error))", metadata: metadata) }
+            if Task.isCancelled || error is CancellationError { return true }
+            logger.error("the unlink queue cannot be written (\(error))", metadata: metadata)
             return false
         }
     }

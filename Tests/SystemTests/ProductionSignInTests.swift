@@ -47,8 +47,11 @@ struct ProductionSignInTests {
         return process.isRunning ? -1 : process.terminationStatus
     }
 
-    @Test("each provider's token signs in, with the same uid after a restart of auth; bad tokens are refused")
-    func eachProvider() async throws {
+    /// Runs `body` with a fake provider, a ZeroMQ bus, auth's two loopback endpoints and a data
+    /// folder of its own, all gone afterwards.
+    static func withSetting(
+        _ body: (FakeIdentityProvider, ZeroMQBus, Endpoint, Endpoint, URL) async throws -> Void
+    ) async throws {
         let fake = try await FakeIdentityProvider.make()
         let port = 32_000 - 10 - Int.random(in: 0..<500) * 2
         let (rpc, events) = (Endpoint("tcp://127.0.0.1:\(port)"), Endpoint("tcp://127.0.0.1:\(port + 1)"))
@@ -59,7 +62,7 @@ struct ProductionSignInTests {
         logger.logLevel = .warning
         let bus = ZeroMQBus(source: "test", logger: logger)
         do {
-            try await signInTwice(fake: fake, bus: bus, rpc: rpc, events: events, directory: directory)
+            try await body(fake, bus, rpc, events, directory)
         } catch {
             await bus.shutdown()
             throw error
@@ -67,24 +70,18 @@ struct ProductionSignInTests {
         await bus.shutdown()
     }
 
+    @Test("each provider's token signs in, with the same uid after a restart of auth; bad tokens are refused")
+    func eachProvider() async throws {
+        try await Self.withSetting { fake, bus, rpc, events, directory in
+            try await signInTwice(fake: fake, bus: bus, rpc: rpc, events: events, directory: directory)
+        }
+    }
+
     @Test("configured by its environment, auth exchanges Apple's code at sign-in and unlinks withdrawals at Apple and Kakao")
     func unlinkOnWithdrawal() async throws {
-        let fake = try await FakeIdentityProvider.make()
-        let port = 32_000 - 10 - Int.random(in: 0..<500) * 2
-        let (rpc, events) = (Endpoint("tcp://127.0.0.1:\(port)"), Endpoint("tcp://127.0.0.1:\(port + 1)"))
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("onboarding-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        var logger = Logger(label: "production-unlink-test")
-        logger.logLevel = .warning
-        let bus = ZeroMQBus(source: "test", logger: logger)
-        do {
+        try await Self.withSetting { fake, bus, rpc, events, directory in
             try await withdrawTwo(fake: fake, bus: bus, rpc: rpc, events: events, directory: directory)
-        } catch {
-            await bus.shutdown()
-            throw error
         }
-        await bus.shutdown()
     }
 
     func withdrawTwo(fake: FakeIdentityProvider, bus: ZeroMQBus, rpc: Endpoint, events: Endpoint, directory: URL) async throws {
