@@ -157,7 +157,7 @@ public struct AuthService: Service {
                 let subject = try immediate.verifyNow(request)
                 return try AuthStore.signIn(
                     provider: request.provider, subject: subject, correlationId: context.message.header.id, outbox: outbox,
-                    sessions: store.sessions, now: store.clock(), in: db)
+                    sessions: store.sessions, pruning: store.pruning, now: store.clock(), in: db)
             }
         } else {
             dispatcher.on(SignIn.self, access: .open) { request, context in

@@ -3,6 +3,7 @@ import GRDB
 import Messaging
 import OnboardingAPI
 import ServiceRuntime
+import Synchronization
 
 /// Sessions that end by themselves (``SessionPolicy``): the last use of each session, expiry,
 /// the cap per account, and pruning. Kept apart from the sign-in and sign-out transactions,
@@ -12,6 +13,25 @@ extension AuthStore {
     /// `SignedOut` event for its account), so that pruning costs every sign-in little and
     /// still drains what expires.
     static let pruneBatch = 16
+
+    /// When sign-ins next look for other accounts' expired sessions: at most once a second
+    /// while a look finds fewer than ``AuthStore/pruneBatch`` (an expired session is refused
+    /// when presented whether or not it was pruned yet), at once after a full one.
+    final class PruneSchedule: Sendable {
+        private let next = Mutex(Date.distantPast)
+
+        static let interval: TimeInterval = 1
+
+        /// Whether a sign-in at `now` should look.
+        func isDue(at now: Date) -> Bool {
+            next.withLock { now >= $0 }
+        }
+
+        /// A look at `now` found `count` sessions to prune.
+        func looked(at now: Date, found count: Int) {
+            next.withLock { $0 = count >= AuthStore.pruneBatch ? .distantPast : now.addingTimeInterval(Self.interval) }
+        }
+    }
 
     static func registerSessionLifetimeMigration(in migrator: inout DatabaseMigrator) {
         migrator.registerMigration("auth-v4-session-last-use") { db in
@@ -31,7 +51,7 @@ extension AuthStore {
     /// nothing to end.
     static func applySessionPolicy(
         _ policy: SessionPolicy, uid: String, isNewAccount: Bool, now: Date, outbox: Outbox, correlationId: String,
-        in db: Database
+        pruning: PruneSchedule, in db: Database
     ) throws {
         let cutoff = Timestamp.format(policy.expiryCutoff(now: now))
         if !isNewAccount {
@@ -48,9 +68,11 @@ extension AuthStore {
                 try recordEnding(ending, digest: row["token"], uid: uid, at: now, in: db)
             }
         }
+        guard pruning.isDue(at: now) else { return }
         let stale = try Row.fetchAll(
             db.cachedStatement(sql: "SELECT id, token, uid FROM session WHERE lastUsedAt < ? AND uid != ? LIMIT ?"),
             arguments: [cutoff, uid, pruneBatch])
+        pruning.looked(at: now, found: stale.count)
         var accounts: Set<String> = []
         for row in stale {
             let (id, token, owner): (Int64, String, String) = (row["id"], row["token"], row["uid"])

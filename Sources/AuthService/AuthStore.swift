@@ -48,6 +48,8 @@ struct AuthStore: SessionVerifier {
     var clock: @Sendable () -> Date = { Date() }
     /// How long sessions live and how many an account may hold.
     var sessions = SessionPolicy()
+    /// When sign-ins next prune other accounts' expired sessions.
+    let pruning = PruneSchedule()
 
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
@@ -118,20 +120,20 @@ struct AuthStore: SessionVerifier {
     /// Race-safe across tasks and processes: the insert yields to the UNIQUE(provider, subject)
     /// constraint, so simultaneous first sign-ins of one account all read back the same uid.
     func signIn(provider: Provider, subject: String, correlationId: String) async throws -> SignInResult {
-        let (outbox, policy, clock) = (self.outbox, sessions, clock)
+        let (outbox, policy, clock, pruning) = (self.outbox, sessions, clock, pruning)
         return try await withStore(database, logger: logger) { db in
             try Self.signIn(
                 provider: provider, subject: subject, correlationId: correlationId, outbox: outbox, sessions: policy,
-                now: clock(), in: db)
+                pruning: pruning, now: clock(), in: db)
         }
     }
 
     /// ``signIn(provider:subject:correlationId:)`` inside the caller's write transaction: auth's
     /// hot path, many sign-ins to one transaction. `sessions` and `now` decide which of the
-    /// account's sessions end with it (``applySessionPolicy(_:uid:isNewAccount:now:outbox:correlationId:in:)``).
+    /// account's sessions end with it (``applySessionPolicy(_:uid:isNewAccount:now:outbox:correlationId:pruning:in:)``).
     static func signIn(
         provider: Provider, subject: String, correlationId: String, outbox: Outbox, sessions policy: SessionPolicy,
-        now date: Date, in db: Database
+        pruning: PruneSchedule, now date: Date, in db: Database
     ) throws -> SignInResult {
         // Time-ordered: new accounts (and the orchestrator's people) go to the end of their
         // tables' indexes.
@@ -163,7 +165,8 @@ struct AuthStore: SessionVerifier {
             [SessionToken.digest(secret), uid, now, now])
         let token = SessionToken.token(id: db.lastInsertedRowID, secret: secret)
         try applySessionPolicy(
-            policy, uid: uid, isNewAccount: isNewAccount, now: date, outbox: outbox, correlationId: correlationId, in: db)
+            policy, uid: uid, isNewAccount: isNewAccount, now: date, outbox: outbox, correlationId: correlationId,
+            pruning: pruning, in: db)
         // A new account has this one session; no need to count.
         let sessions = isNewAccount ? 1 : try liveSessions(of: uid, in: db)
         try outbox.append(

@@ -9,7 +9,7 @@ import Foundation
 ///   `lifetime` after its very last use.
 /// - An account holds at most ``maximumPerAccount`` (10) live sessions: a sign-in beyond that ends
 ///   the least recently used ones.
-/// - Expired sessions are deleted (pruned) at each sign-in; an expired or evicted session's token
+/// - Expired sessions are deleted (pruned) at sign-ins; an expired or evicted session's token
 ///   is answered `unauthenticated` with reason `sessionExpired` or `sessionEvicted` for a day
 ///   afterwards, then as unknown.
 ///

@@ -41,7 +41,10 @@ enum ReplyReading: Equatable {
 ///
 /// Request `i` is due at `start + i × interval`; the thread sleeps until then (`clock_nanosleep`
 /// on an absolute deadline, timer slack 1 µs), sends, and never waits for an answer before the
-/// next one, so a slow system cannot slow the schedule down (no coordinated omission). Between
+/// next one, so a slow system cannot slow the schedule down (no coordinated omission). Above
+/// 5,000/s it sleeps at least ``batchWindow`` at a time and sends whatever has come due together
+/// (each still timed from its own scheduled send): one wake-up per request would take the
+/// generator a third of a core at 20,000/s, from the services it measures. Between
 /// sends it drains whatever replies have come (`ZMQ_DONTWAIT`). Each request's bytes were built
 /// before the run; only its number is written into them.
 ///
@@ -169,11 +172,13 @@ final class TimedSender: @unchecked Sendable {
         MonotonicClock.tightenTimerSlack()
         let count = configuration.count
         let shared = templates.count == 1
+        let window = configuration.interval < 200_000 ? Self.batchWindow : 0
         start = MonotonicClock.now()
         for index in 0..<count {
             let due = scheduled(index)
             drainReplies(socket, receiver)
-            if MonotonicClock.now() < due { MonotonicClock.sleep(until: due) }
+            let before = MonotonicClock.now()
+            if before < due { MonotonicClock.sleep(until: max(due, before + window)) }
             let now = MonotonicClock.now()
             lag.record(now > due ? now - due : 0)
             let slot = shared ? 0 : index
@@ -195,6 +200,9 @@ final class TimedSender: @unchecked Sendable {
     }
 
     private static let healthTag = UInt64.max
+
+    /// The shortest sleep above 5,000 requests/s, in nanoseconds.
+    static let batchWindow: UInt64 = 250_000
 
     private func wait(_ socket: ZMQSocket, milliseconds: Int) {
         var item = zmq_pollitem_t(socket: socket.handle, fd: 0, events: Int16(ZMQ_POLLIN), revents: 0)

@@ -234,6 +234,10 @@ final class Engine: Sendable {
                 later += machine.restore(uid: uid, person)
             }
         }
+        // Each person's row and each feed's cursor are written once per transaction, after
+        // the batch: the last intent emitted for a person goes in with its row.
+        var emitted: [String: OrchestratorStore.PublishedIntent] = [:]
+        var cursors: [String: UInt64] = [:]
         for submission in batch {
             for input in submission.inputs {
                 if !machine.isTracking(input.uid), let stored = try OrchestratorStore.person(input.uid, in: db) {
@@ -241,28 +245,32 @@ final class Engine: Sendable {
                 }
                 for action in machine.handle(input) {
                     if case .emit(let intent) = action {
-                        try emit(intent, in: db)
+                        emitted[intent.uid] = try emit(intent, in: db)
                     } else {
                         later.append(action)
                     }
                 }
             }
-            if let (publisher, sequence) = submission.cursor {
-                try OrchestratorStore.setCursor(publisher, to: sequence, in: db)
-            }
+            if let (publisher, sequence) = submission.cursor { cursors[publisher] = sequence }
+        }
+        for (publisher, sequence) in cursors {
+            try OrchestratorStore.setCursor(publisher, to: sequence, in: db)
         }
         for (uid, person) in machine.takeChanges() {
-            try OrchestratorStore.save(uid, person, in: db)
+            try OrchestratorStore.save(uid, person, published: emitted.removeValue(forKey: uid), in: db)
         }
+        // An intent emitted again without a change of state (a repeat for a new session).
+        for published in emitted.values { try OrchestratorStore.recordIntent(published, in: db) }
         return later
     }
 
-    /// Records a route intent as the one in force and in the route outbox, which publishes it
-    /// once the transaction commits.
-    func emit(_ intent: RouteIntent, in db: Database) throws {
-        let sequence = try outbox.append(intent, uid: intent.uid, topic: Topics.route(uid: intent.uid), in: db)
-        try OrchestratorStore.recordIntent(intent, sequence: sequence, time: Timestamp.now(), in: db)
+    /// Puts a route intent in the route outbox, which publishes it once the transaction
+    /// commits; the caller records it as the person's intent in force.
+    func emit(_ intent: RouteIntent, in db: Database) throws -> OrchestratorStore.PublishedIntent {
+        let time = Timestamp.now()
+        let sequence = try outbox.append(intent, uid: intent.uid, topic: Topics.route(uid: intent.uid), time: time, in: db)
         logger.debug("\(intent.intent.rawValue) → \(intent.uid) (\(intent.reason.rawValue), \(intent.intentId))")
+        return OrchestratorStore.PublishedIntent(intent: intent, sequence: sequence, time: time)
     }
 
     /// Puts back everyone with work under way (checks, clean-ups) and resumes it.

@@ -108,7 +108,19 @@ enum OrchestratorStore {
             withdrawn: row["withdrawn"], cleanup: Set(cleanup))
     }
 
-    static func save(_ uid: String, _ person: OnboardingStateMachine.PersistedPerson, in db: Database) throws {
+    /// A route intent put in the outbox in this transaction: its route sequence and time.
+    struct PublishedIntent {
+        var intent: RouteIntent
+        var sequence: UInt64
+        var time: String
+    }
+
+    /// Writes `person`'s row. `published`: the intent emitted for them in this transaction, if
+    /// any; when it is the one in force, its route sequence and time go in with the row (one
+    /// write per person per transaction).
+    static func save(
+        _ uid: String, _ person: OnboardingStateMachine.PersistedPerson, published: PublishedIntent? = nil, in db: Database
+    ) throws {
         let profile: String =
             switch person.profile {
             case .present: "present"
@@ -116,8 +128,34 @@ enum OrchestratorStore {
             case .unknown: "unknown"
             }
         let cleanup = OnboardingStateMachine.CleanupStep.allCases.filter(person.cleanup.contains).map(\.rawValue).joined(separator: ",")
+        var published = published
+        if let emitted = published, emitted.intent.intentId != person.intent?.intentId {
+            // Emitted, then replaced or withdrawn within the transaction: recorded as it was,
+            // then the row below says what is in force now.
+            try recordIntent(emitted, in: db)
+            published = nil
+        }
+        var arguments: StatementArguments = [
+            uid, profile, Int64(clamping: person.profileAsOf), person.sessions, person.owesDismiss, person.pendingCheck?.rawValue,
+            person.withdrawn, cleanup, person.intent?.intentId, person.intent?.intent.rawValue,
+            person.intent?.reason.rawValue,
+        ]
+        if let published {
+            arguments += [Int64(clamping: published.sequence), published.time]
+            try db.executeCached("""
+                INSERT INTO person (uid, profile, profileAsOf, sessions, owesDismiss, pendingCheck, withdrawn, cleanup, intentId, intent, reason, intentSequence, intentTime)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT (uid) DO UPDATE SET
+                    profile = excluded.profile, profileAsOf = excluded.profileAsOf, sessions = excluded.sessions,
+                    owesDismiss = excluded.owesDismiss,
+                    pendingCheck = excluded.pendingCheck, withdrawn = excluded.withdrawn, cleanup = excluded.cleanup,
+                    intentId = excluded.intentId, intent = excluded.intent, reason = excluded.reason,
+                    intentSequence = excluded.intentSequence, intentTime = excluded.intentTime
+                """, arguments)
+            return
+        }
         // An intent that is no longer in force (a sign-out, a withdrawal) takes its route
-        // sequence and time with it; one in force keeps what ``recordIntent`` wrote.
+        // sequence and time with it; one in force keeps what was recorded with it.
         try db.executeCached("""
                 INSERT INTO person (uid, profile, profileAsOf, sessions, owesDismiss, pendingCheck, withdrawn, cleanup, intentId, intent, reason)
                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -128,22 +166,19 @@ enum OrchestratorStore {
                     intentId = excluded.intentId, intent = excluded.intent, reason = excluded.reason,
                     intentSequence = CASE WHEN excluded.intentId IS NULL THEN NULL ELSE intentSequence END,
                     intentTime = CASE WHEN excluded.intentId IS NULL THEN NULL ELSE intentTime END
-                """, [
-                    uid, profile, Int64(clamping: person.profileAsOf), person.sessions, person.owesDismiss, person.pendingCheck?.rawValue,
-                    person.withdrawn, cleanup, person.intent?.intentId, person.intent?.intent.rawValue,
-                    person.intent?.reason.rawValue,
-                ])
+                """, arguments)
     }
 
-    /// Records `intent` as the one in force for its person, published with route `sequence`.
-    static func recordIntent(_ intent: RouteIntent, sequence: UInt64, time: String, in db: Database) throws {
+    /// Records `published` as the intent in force for its person.
+    static func recordIntent(_ published: PublishedIntent, in db: Database) throws {
+        let intent = published.intent
         try db.executeCached("""
                 INSERT INTO person (uid, profile, intentId, intent, reason, intentSequence, intentTime)
                 VALUES (?, 'unknown', ?, ?, ?, ?, ?)
                 ON CONFLICT (uid) DO UPDATE SET
                     intentId = excluded.intentId, intent = excluded.intent, reason = excluded.reason,
                     intentSequence = excluded.intentSequence, intentTime = excluded.intentTime
-                """, [intent.uid, intent.intentId, intent.intent.rawValue, intent.reason.rawValue, sequence, time])
+                """, [intent.uid, intent.intentId, intent.intent.rawValue, intent.reason.rawValue, Int64(clamping: published.sequence), published.time])
     }
 
     // MARK: Route state

@@ -51,13 +51,15 @@ public final class Outbox: Sendable {
 
     /// Records `event` in the current transaction and publishes it after commit.
     ///
+    /// - Parameter time: the envelope's `time` (now, when `nil`).
     /// - Returns: the event's sequence number.
     @discardableResult
     public func append<Event: APIEvent>(
-        _ event: Event, uid: String?, correlationId: String? = nil, topic: String? = nil, in db: Database
+        _ event: Event, uid: String?, correlationId: String? = nil, topic: String? = nil, time: String? = nil,
+        in db: Database
     ) throws -> UInt64 {
         let topic = topic ?? Event.type
-        let time = Timestamp.now()
+        let time = time ?? Timestamp.now()
         // The next number, read inside this write transaction (one writer at a time), so the row
         // is written once with its final envelope. AUTOINCREMENT keeps `sqlite_sequence` at the
         // largest number ever used, pruned rows included. Read once per transaction: later

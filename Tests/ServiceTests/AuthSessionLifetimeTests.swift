@@ -135,6 +135,18 @@ struct AuthSessionLifetimeTests {
         await expectRefused("sessionExpired") { try await h.store.uid(forSessionToken: old.sessionToken) }
     }
 
+    @Test("other accounts' expired sessions are looked for at most once a second, unless a look found a full batch")
+    func pruneSchedule() {
+        let schedule = AuthStore.PruneSchedule()
+        let start = Date(timeIntervalSince1970: 1_800_000_000)
+        #expect(schedule.isDue(at: start))
+        schedule.looked(at: start, found: 3)
+        #expect(!schedule.isDue(at: start.addingTimeInterval(0.999)))
+        #expect(schedule.isDue(at: start.addingTimeInterval(1)))
+        schedule.looked(at: start.addingTimeInterval(1), found: AuthStore.pruneBatch)
+        #expect(schedule.isDue(at: start.addingTimeInterval(1)), "more may be waiting")
+    }
+
     @Test("the policy's decisions")
     func policy() {
         let policy = SessionPolicy(lifetime: 100, maximumPerAccount: 2, renewalInterval: 10)

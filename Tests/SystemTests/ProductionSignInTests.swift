@@ -53,7 +53,9 @@ struct ProductionSignInTests {
         _ body: (FakeIdentityProvider, ZeroMQBus, Endpoint, Endpoint, URL) async throws -> Void
     ) async throws {
         let fake = try await FakeIdentityProvider.make()
-        let port = 32_000 - 10 - Int.random(in: 0..<500) * 2
+        // 17000-17999: no other suite's ports (the system tests take 26000-31999, the gateway's
+        // process tests 16000-16999, the intent feed's 18000-19899).
+        let port = 17_000 + Int.random(in: 0..<500) * 2
         let (rpc, events) = (Endpoint("tcp://127.0.0.1:\(port)"), Endpoint("tcp://127.0.0.1:\(port + 1)"))
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("onboarding-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
