@@ -12,21 +12,22 @@ import Foundation
 public enum WireEncoder {
     /// The JSON bytes of `value`.
     public static func encode<Value: Encodable>(_ value: Value) throws -> Data {
-        let encoder = NodeEncoder()
-        do {
-            try value.encode(to: encoder)
-            guard let node = encoder.node else { throw Unsupported() }
-            var output: [UInt8] = []
-            output.reserveCapacity(512)
-            node.write(to: &output)
-            return Data(output)
-        } catch is Unsupported {
-            return try WireFormat.encoder().encode(value)
-        }
+        var output: [UInt8] = []
+        output.reserveCapacity(512)
+        try append(value, to: &output)
+        return Data(output)
     }
 
     /// Appends the JSON bytes of `value` to `output`.
     static func append<Value: Encodable>(_ value: Value, to output: inout [UInt8]) throws {
+        if let writable = value as? any WireWritable {
+            var writer = WireWriter(appendingTo: output)
+            output = []
+            writable.write(to: &writer)
+            writer.finish()
+            output = writer.bytes
+            return
+        }
         do {
             try NodeEncoder.node(for: value).write(to: &output)
         } catch is Unsupported {
@@ -134,6 +135,12 @@ private final class ArrayNode {
 
 /// A string in JSON as Foundation writes it: `"` and `\` escaped, `\b \f \n \r \t` by name,
 /// other control characters as `\u00xx`, everything else (slashes and non-ASCII included) as is.
+extension WireEncoder {
+    static func writeString(_ string: String, to output: inout [UInt8]) {
+        Messaging.writeString(string, to: &output)
+    }
+}
+
 private func writeString(_ string: String, to output: inout [UInt8]) {
     output.append(UInt8(ascii: "\""))
     var string = string

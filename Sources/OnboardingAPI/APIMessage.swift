@@ -524,3 +524,38 @@ public enum Topics {
     /// is a prefix of another's.
     public static func route(uid: String) -> String { routePrefix + uid }
 }
+
+// MARK: - The hot path's payloads, written without `Encodable` (keys in sorted order)
+
+extension SignInResult: WireWritable {
+    public func write(to writer: inout WireWriter) {
+        writer.member("isNewAccount", isNewAccount)
+        writer.member("provider", provider)
+        writer.member("sessionToken", sessionToken)
+        writer.member("uid", uid)
+    }
+}
+
+extension SignedIn: WireWritable {
+    public func write(to writer: inout WireWriter) {
+        writer.member("isNewAccount", isNewAccount)
+        writer.member("provider", provider)
+        writer.member("sessions", sessions)
+        writer.member("uid", uid)
+    }
+}
+
+extension AccountResult: WireWritable {
+    public func write(to writer: inout WireWriter) {
+        writer.member("uid", uid)
+    }
+}
+
+extension RouteIntent: WireWritable {
+    public func write(to writer: inout WireWriter) {
+        writer.member("intent", intent)
+        writer.member("intentId", intentId)
+        writer.member("reason", reason)
+        writer.member("uid", uid)
+    }
+}

@@ -285,6 +285,7 @@ final class IOLoop: @unchecked Sendable {
             let socket = try openSocket(ZMQ_PUB) { socket throws(ServiceError) in
                 // Subscribers only send subscription messages (topic prefixes) to a PUB socket.
                 try socket.set(ZMQ_MAXMSGSIZE, Int64(64 * 1024))
+                try socket.set(ZMQ_SNDHWM, Int32(clamping: configuration.publishHighWaterMark))
                 try socket.bind(endpoint)
             }
             publishers[id] = Publisher(socket: socket, endpoint: endpoint)
@@ -311,6 +312,8 @@ final class IOLoop: @unchecked Sendable {
         do {
             let socket = try openSocket(ZMQ_SUB) { socket throws(ServiceError) in
                 try socket.set(ZMQ_MAXMSGSIZE, Int64(limits.transportCap))
+                // As deep as the publisher's queue for us: a burst is read late, not dropped.
+                try socket.set(ZMQ_RCVHWM, Int32(clamping: configuration.publishHighWaterMark))
                 for topic in topics { try socket.subscribe(topic) }
                 for endpoint in endpoints { try socket.connect(endpoint) }
             }

@@ -41,6 +41,10 @@ public final class ZeroMQBus: MessageBus, Service {
         public var maxReplyFrameBytes: Int = 64 * 1024 * 1024
         /// Replies a server queues for one caller that does not read them before dropping more.
         public var replyHighWaterMark: Int = 100_000
+        /// Events a publisher queues for one subscriber that does not read them before dropping
+        /// more for it (libzmq's default, 1,000, drops within a burst of one group commit; a
+        /// subscriber recovers what was dropped with `events.after`).
+        public var publishHighWaterMark: Int = 100_000
 
         public init() {}
     }

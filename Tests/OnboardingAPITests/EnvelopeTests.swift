@@ -131,6 +131,29 @@ struct WireEncoderTests {
         }
     }
 
+    @Test("the payloads that write themselves (WireWritable) write Foundation's bytes, alone and in envelopes")
+    func writablePayloads() throws {
+        var random = FuzzRandom(seed: 20261125)
+        func check<Payload: Codable & Sendable & WireWritable>(_ payload: Payload) throws {
+            let alone = try WireEncoder.encode(payload)
+            #expect(alone == (try WireFormat.encoder().encode(payload)), "\(String(decoding: alone, as: UTF8.self))")
+            let envelope = Envelope(header: EnvelopeHeader(type: "t", source: "s", correlationId: "c"), payload: payload)
+            #expect(try envelope.encoded() == WireFormat.encoder().encode(envelope))
+        }
+        func provider() -> Provider { Provider.allCases[Int(random.next() % UInt64(Provider.allCases.count))] }
+        for _ in 0..<300 {
+            let uid = FuzzValues.string(&random)
+            try check(SignInResult(uid: uid, sessionToken: FuzzValues.string(&random), provider: provider(), isNewAccount: random.next() % 2 == 0))
+            try check(SignedIn(
+                uid: uid, provider: provider(), isNewAccount: random.next() % 2 == 0,
+                sessions: random.next() % 3 == 0 ? nil : Int(truncatingIfNeeded: random.next())))
+            try check(AccountResult(uid: uid))
+            try check(RouteIntent(
+                intentId: FuzzValues.string(&random), uid: uid, intent: RouteIntent.Kind.allCases[Int(random.next() % 2)],
+                reason: RouteIntent.Reason.allCases[Int(random.next() % UInt64(RouteIntent.Reason.allCases.count))]))
+        }
+    }
+
     @Test("an envelope whose payload it does not handle is still Foundation's bytes")
     func envelopeFallsBack() throws {
         struct Other: Codable, Sendable { var ratio: Double; var name: String }
