@@ -48,6 +48,8 @@ public struct AuthService: Service {
         public var sessions: SessionPolicy
         /// The time sessions are stamped and judged with (tests move it).
         public var clock: @Sendable () -> Date
+        /// Unlinking withdrawn accounts at their providers (none configured: nothing is unlinked).
+        public var unlink: UnlinkConfiguration
 
         public init(
             rpc: Endpoint = Defaults.authRPC,
@@ -58,7 +60,8 @@ public struct AuthService: Service {
             eventRetention: Outbox.Retention = Outbox.Retention(),
             identityProviders: IdentityProviderSettings = IdentityProviderSettings(),
             sessions: SessionPolicy = SessionPolicy(),
-            clock: @escaping @Sendable () -> Date = { Date() }
+            clock: @escaping @Sendable () -> Date = { Date() },
+            unlink: UnlinkConfiguration = UnlinkConfiguration()
         ) {
             self.rpc = rpc
             self.events = events
@@ -69,6 +72,7 @@ public struct AuthService: Service {
             self.identityProviders = identityProviders
             self.sessions = sessions
             self.clock = clock
+            self.unlink = unlink
         }
     }
 
@@ -126,20 +130,23 @@ public struct AuthService: Service {
         logger.info("auth publishes events at \(configuration.events)")
         let store = AuthStore(database: database, outbox: Outbox(source: ServiceName.auth, publisher: publisher), logger: logger,
             clock: configuration.clock, sessions: configuration.sessions)
+        let unlink = UnlinkWorker(configuration: configuration.unlink, store: store, logger: logger)
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc,
             dispatcher: Self.dispatcher(
-                store: store, identities: identities, serviceToken: configuration.serviceToken, logger: logger),
+                store: store, identities: identities, serviceToken: configuration.serviceToken, logger: logger,
+                unlink: unlink, bus: bus),
             logger: logger)
         try await withEventRetention(configuration.eventRetention, database: database, logger: logger) {
             try await withCheckpoints(path: configuration.databasePath, writer: database, logger: logger) {
-                try await server.run()
+                try await unlink.running { try await server.run() }
             }
         }
     }
 
     private static func dispatcher(
-        store: AuthStore, identities: any IdentityVerifier, serviceToken: String?, logger: Logger
+        store: AuthStore, identities: any IdentityVerifier, serviceToken: String?, logger: Logger, unlink: UnlinkWorker,
+        bus: any MessageBus
     ) -> RequestDispatcher {
         var dispatcher = RequestDispatcher(source: ServiceName.auth, sessions: store, serviceToken: serviceToken, logger: logger)
         if let immediate = identities as? any ImmediateIdentityVerifier {
@@ -159,6 +166,7 @@ public struct AuthService: Service {
             let subject = try await identities.verify(request)
             let result = try await store.signIn(
                 provider: request.provider, subject: subject, correlationId: context.message.header.id)
+            await unlink.recordGrant(for: request, uid: result.uid)
             // Per sign-in: debug, so that 1,000 sign-ins/s do not flood the log.
             logger.debug(
                 "signed in",
@@ -178,6 +186,7 @@ public struct AuthService: Service {
         dispatcher.on(Withdraw.self, access: .endingSession, replyUID: \.uid) { _, context in
             let uid = try await store.withdraw(
                 token: context.message.header.sessionToken ?? "", correlationId: context.message.header.id)
+            unlink.wake()
             logger.notice("withdrawn", metadata: ["uid": "\(uid)"])
             return AccountResult(uid: uid)
         }
@@ -203,6 +212,7 @@ public struct AuthService: Service {
             }
         }
         dispatcher.onEventsAfter(database: store.database)
+        answerHealth(in: &dispatcher, bus: bus, database: store.database, unlink: unlink)
         return dispatcher
     }
 }

@@ -111,6 +111,7 @@ struct AuthStore: SessionVerifier {
                     CREATE INDEX session_legacyToken ON session(legacyToken) WHERE legacyToken IS NOT NULL;
                     """)
         }
+        registerUnlinkMigration(in: &migrator)
         return migrator
     }
 
@@ -214,6 +215,7 @@ struct AuthStore: SessionVerifier {
             if let (_, uid) = try Self.liveSession(key, in: db),
                 try !Self.isExpired(key, policy: policy, now: now, in: db)
             {
+                try Self.enqueueUnlink(uid: uid, now: now, in: db)
                 try db.execute(sql: "DELETE FROM account WHERE uid = ?", arguments: [uid])
                 try Self.recordEnding(.withdrawal, digest: digest, uid: uid, at: now, in: db)
                 try outbox.append(Withdrawn(uid: uid), uid: uid, correlationId: correlationId, in: db)

@@ -54,11 +54,11 @@ struct SignInCommand: AsyncParsableCommand {
     var subject: String = ""
     @Option(help: "Google, Apple, Kakao: the provider's ID token (onboarding-fake-provider token makes one for a local fake).")
     var idToken: String?
-    @Option(help: "Naver: the access token from Naver's sign-in.")
+    @Option(help: "Naver: the access token from Naver's sign-in. Google: optionally its OAuth access token (revoked on withdrawal).")
     var accessToken: String?
     @Option(help: "The raw nonce given to the provider's sign-in, when there was one; the ID token must carry it.")
     var nonce: String?
-    @Option(help: "Apple: the authorization code of the same sign-in (accepted, not used yet).")
+    @Option(help: "Apple: the authorization code of the same sign-in (exchanged to unlink the account at Apple on withdrawal).")
     var authorizationCode: String?
     @OptionGroup var options: ClientOptions
 
@@ -244,6 +244,11 @@ struct HealthCommand: AsyncParsableCommand {
                         retry: RetryPolicy(initial: .milliseconds(100), maximum: .milliseconds(100)),
                         deadline: max(left, .zero) + timeout, retryingOn: left > .zero ? ErrorCode.retryable : [])
                     if !quiet { Terminal.line("\(service.name.padding(toLength: 24, withPad: " ", startingAt: 0)) up    \(service.endpoint)  since \(status.startedAt)") }
+                    if !quiet, let unlink = status.unlink {
+                        Terminal.line(
+                            "    unlinks pending: \(unlink.pending)" + (unlink.oldestPendingSeconds.map { ", the oldest for \($0) s" } ?? "")
+                                + (unlink.lastError.map { "; last error: \($0) (\(unlink.lastErrorAt ?? ""))" } ?? ""))
+                    }
                 } catch let error as ServiceError {
                     if !quiet { Terminal.line("\(service.name.padding(toLength: 24, withPad: " ", startingAt: 0)) DOWN  \(service.endpoint)  (\(error.code))") }
                     down.append(service.name)

@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 import Hummingbird
 import Logging
@@ -17,8 +18,12 @@ import Synchronization
 /// - the revoke and unlink endpoints (`POST /apple/auth/revoke`, `POST /kakao/v1/user/unlink`,
 ///   `POST /naver/oauth2.0/token`, `POST /google/revoke`): 200, or the failures set with
 ///   ``failNext(_:times:status:)``;
+/// - `POST /apple/auth/token`: Apple's exchange of an authorization code
+///   (`grant_type=authorization_code`) for tokens; the refresh token is
+///   ``appleRefreshToken(forCode:)``. A code is good once (a second use is 400 `invalid_grant`,
+///   as at Apple); failures set with ``failNext(_:times:status:)`` apply too;
 ///
-/// and records every request (``requests(path:)``). Tokens come from ``mintIDToken(_:subject:audience:nonce:issuedAt:lifetime:issuer:)``.
+/// and records every request (``requests(path:)``, ``waitForRequests(path:count:)``). Tokens come from ``mintIDToken(_:subject:audience:nonce:issuedAt:lifetime:issuer:)``.
 ///
 /// Thread safety: every method may be called from any task while the server runs.
 public final class FakeIdentityProvider: Sendable {
@@ -45,6 +50,7 @@ public final class FakeIdentityProvider: Sendable {
 
     public static let oidcProviders: [Provider] = [.google, .apple, .kakao]
     public static let revokePaths = ["/apple/auth/revoke", "/kakao/v1/user/unlink", "/naver/oauth2.0/token", "/google/revoke"]
+    public static let appleTokenPath = "/apple/auth/token"
 
     private struct State {
         /// Published keys per provider; the last one signs.
@@ -55,6 +61,8 @@ public final class FakeIdentityProvider: Sendable {
         var revokedNaverTokens: Set<String> = []
         var failures: [String: (times: Int, status: Int)] = [:]
         var rotations = 0
+        var usedAppleCodes: Set<String> = []
+        var waiters: [(path: String, count: Int, continuation: CheckedContinuation<[RecordedRequest], Never>)] = []
     }
     private let state: Mutex<State>
 
@@ -152,6 +160,13 @@ public final class FakeIdentityProvider: Sendable {
     public func naverAccessToken(for id: String) -> String { "fake-naver-\(id)" }
     public static func naverAccessToken(for id: String) -> String { "fake-naver-\(id)" }
 
+    /// A new P-256 private key in PEM, as in the `.p8` file Apple gives developers: what the
+    /// Apple unlink settings of a test, or of a laptop trying it, need.
+    public static func makeAppleDeveloperKeyPEM() -> String { P256.Signing.PrivateKey().pemRepresentation }
+
+    /// The refresh token Apple's token endpoint gives for an authorization code.
+    public static func appleRefreshToken(forCode code: String) -> String { "fake-apple-refresh-\(code)" }
+
     /// From now on the profile API refuses `token` (401, `024`).
     public func revokeNaverToken(_ token: String) { state.withLock { _ = $0.revokedNaverTokens.insert(token) } }
 
@@ -176,6 +191,20 @@ public final class FakeIdentityProvider: Sendable {
     /// The requests answered so far, to `path` only when given.
     public func requests(path: String? = nil) -> [RecordedRequest] {
         state.withLock { state in state.requests.filter { path == nil || $0.path == path } }
+    }
+
+    /// Waits until `count` requests to `path` have come (at once if they have), and returns them.
+    /// Bound the wait with the test's time limit.
+    public func waitForRequests(path: String, count: Int = 1) async -> [RecordedRequest] {
+        await withCheckedContinuation { continuation in
+            let seen = state.withLock { state -> [RecordedRequest]? in
+                let seen = state.requests.filter { $0.path == path }
+                if seen.count >= count { return seen }
+                state.waiters.append((path, count, continuation))
+                return nil
+            }
+            if let seen { continuation.resume(returning: seen) }
+        }
     }
 
     // MARK: Serving
@@ -222,16 +251,23 @@ public final class FakeIdentityProvider: Sendable {
     }()
 
     private func record(_ request: Request, body: String) -> (times: Int, status: Int)? {
-        state.withLock { state in
+        let (failure, ready) = state.withLock { state in
             state.requests.append(
                 RecordedRequest(
                     method: request.method.rawValue, path: request.uri.path,
                     authorization: request.headers[.authorization], body: body))
-            guard var failure = state.failures[request.uri.path], failure.times > 0 else { return nil }
+            let seen = state.requests.filter { $0.path == request.uri.path }
+            let ready = state.waiters.filter { $0.path == request.uri.path && seen.count >= $0.count }
+            state.waiters.removeAll { $0.path == request.uri.path && seen.count >= $0.count }
+            guard var failure = state.failures[request.uri.path], failure.times > 0 else {
+                return (nil as (times: Int, status: Int)?, ready.map { ($0.continuation, seen) })
+            }
             failure.times -= 1
             state.failures[request.uri.path] = failure
-            return failure
+            return (failure, ready.map { ($0.continuation, seen) })
         }
+        for (continuation, seen) in ready { continuation.resume(returning: seen) }
+        return failure
     }
 
     private func makeRouter() -> Router<BasicRequestContext> {
@@ -265,7 +301,33 @@ public final class FakeIdentityProvider: Sendable {
                 return Self.json([:])
             }
         }
+        router.post(RouterPath(Self.appleTokenPath)) { request, _ -> Response in
+            let body = String(buffer: try await request.body.collect(upTo: 1 << 16))
+            if let failure = self.record(request, body: body) {
+                return Self.json(["error": "fake failure"], status: .init(code: failure.status))
+            }
+            return self.exchangeAppleCode(form: body)
+        }
         return router
+    }
+
+    private func exchangeAppleCode(form: String) -> Response {
+        var fields: [String: String] = [:]
+        for pair in form.split(separator: "&") {
+            let parts = pair.split(separator: "=", maxSplits: 1).map { String($0).removingPercentEncoding ?? String($0) }
+            if parts.count == 2 { fields[parts[0]] = parts[1] }
+        }
+        guard fields["grant_type"] == "authorization_code", let code = fields["code"], !code.isEmpty,
+            fields["client_secret"]?.split(separator: ".").count == 3, fields["client_id"]?.isEmpty == false
+        else {
+            return Self.json(["error": "invalid_request"], status: .badRequest)
+        }
+        let fresh = state.withLock { $0.usedAppleCodes.insert(code).inserted }
+        guard fresh else { return Self.json(["error": "invalid_grant"], status: .badRequest) }
+        return Self.json([
+            "access_token": "fake-apple-access-\(code)", "token_type": "Bearer", "expires_in": 3600,
+            "refresh_token": Self.appleRefreshToken(forCode: code),
+        ])
     }
 
     private func keySet(_ provider: Provider, _ request: Request) -> Response {

@@ -41,16 +41,39 @@ public struct HealthStatus: Codable, Sendable, Hashable {
     public var statistics: BusStatistics
     /// How the service follows other services' events (absent when it follows none).
     public var feeds: [FeedStatistics]?
+    /// Auth only: the withdrawals still to be unlinked at their providers (absent elsewhere).
+    public var unlink: UnlinkQueueStatus?
 
     public init(
         service: String, status: String = "ok", startedAt: String, statistics: BusStatistics,
-        feeds: [FeedStatistics]? = nil
+        feeds: [FeedStatistics]? = nil, unlink: UnlinkQueueStatus? = nil
     ) {
         self.service = service
         self.status = status
         self.startedAt = startedAt
         self.statistics = statistics
         self.feeds = feeds
+        self.unlink = unlink
+    }
+}
+
+/// Auth's queue of provider unlinks after withdrawals (in its `health` reply).
+public struct UnlinkQueueStatus: Codable, Sendable, Hashable {
+    /// Unlinks waiting to be sent, or to be retried after a failure.
+    public var pending: Int
+    /// How long the oldest pending unlink has waited, in whole seconds (absent: none pending).
+    public var oldestPendingSeconds: Int?
+    /// The latest failure, retried or refused, with the provider's error code but never a token
+    /// (absent: none since auth started, and none recorded on a pending unlink).
+    public var lastError: String?
+    /// When ``lastError`` happened.
+    public var lastErrorAt: String?
+
+    public init(pending: Int, oldestPendingSeconds: Int? = nil, lastError: String? = nil, lastErrorAt: String? = nil) {
+        self.pending = pending
+        self.oldestPendingSeconds = oldestPendingSeconds
+        self.lastError = lastError
+        self.lastErrorAt = lastErrorAt
     }
 }
 
@@ -78,8 +101,9 @@ public struct SignIn: APIRequest {
     /// The raw nonce the app made and passed to the provider's sign-in, if it made one: the ID
     /// token must then carry it (Apple: its SHA-256 in lowercase hex, as Apple puts it).
     public var nonce: String?
-    /// Apple: the authorization code of the same sign-in. Accepted and not used yet (a later
-    /// version exchanges it to unlink the account at Apple on withdrawal).
+    /// Apple: the authorization code of the same sign-in. Outside dev mode, with Apple unlinking
+    /// configured, auth exchanges it at Apple for the refresh token that unlinks the account at
+    /// Apple when the person withdraws; a sign-in without it still works, but is not unlinked.
     public var authorizationCode: String?
 
     public init(

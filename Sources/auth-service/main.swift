@@ -41,7 +41,8 @@ struct AuthServiceCommand: AsyncParsableCommand {
             serviceToken: try common.resolvedServiceToken(),
             eventRetention: try retention.retention(),
             identityProviders: try identity.settings(),
-            sessions: try sessions.policy())
+            sessions: try sessions.policy(),
+            unlink: try UnlinkConfiguration.fromEnvironment())
         try await ServiceHost.run(name: ServiceName.auth, logger: logger) { bus in
             [try AuthService(configuration: configuration, bus: bus, logger: logger)]
         }

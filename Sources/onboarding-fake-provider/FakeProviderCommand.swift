@@ -11,8 +11,8 @@ struct FakeProviderCommand: AsyncParsableCommand {
         commandName: "onboarding-fake-provider",
         abstract: "A local stand-in for Google, Apple, Kakao and Naver sign-in (for development only).",
         discussion: """
-            serve publishes key sets and Naver's profile API on 127.0.0.1 and prints the settings that point \
-            auth at it; token prints a token signed with the same keys (kept in --key-file).
+            serve publishes key sets, Naver's profile API and the unlink endpoints on 127.0.0.1 and prints the \
+            settings that point auth at it; token prints a token signed with the same keys (kept in --key-file).
             """,
         subcommands: [Serve.self, Token.self])
 
@@ -37,6 +37,12 @@ struct FakeProviderCommand: AsyncParsableCommand {
         func run() async throws {
             let fake = try await FakeIdentityProvider.make(keyFile: keys.url)
             let base = "http://127.0.0.1:\(port)"
+            // A developer key for Apple's unlink settings, beside the signing keys.
+            let appleKey = keys.url.deletingLastPathComponent().appendingPathComponent("AuthKey_FAKEKEY01.p8")
+            if !FileManager.default.fileExists(atPath: appleKey.path) {
+                try FakeIdentityProvider.makeAppleDeveloperKeyPEM().write(to: appleKey, atomically: true, encoding: .utf8)
+                try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: appleKey.path)
+            }
             try await fake.run(port: port) { _ in
                 var lines = [
                     "fake identity providers at \(base) (keys in \(keys.url.path))",
@@ -49,6 +55,15 @@ struct FakeProviderCommand: AsyncParsableCommand {
                 }
                 lines.append("export ONBOARDING_NAVER_CLIENT_IDS=\(FakeIdentityProvider.defaultClientID(.naver))")
                 lines.append("export ONBOARDING_NAVER_PROFILE_URL=\(FakeIdentityProvider.naverProfileURL(base: base))")
+                lines += [
+                    "", "and to unlink withdrawals at them (README: Unlinking at the provider on withdrawal):",
+                    "export ONBOARDING_APPLE_TEAM_ID=FAKETEAM01 ONBOARDING_APPLE_KEY_ID=FAKEKEY01",
+                    "export ONBOARDING_APPLE_PRIVATE_KEY_PATH=\(appleKey.path)",
+                    "export ONBOARDING_APPLE_TOKEN_URL=\(base)\(FakeIdentityProvider.appleTokenPath) ONBOARDING_APPLE_REVOKE_URL=\(base)/apple/auth/revoke",
+                    "export ONBOARDING_KAKAO_ADMIN_KEY=fake-kakao-admin-key ONBOARDING_KAKAO_UNLINK_URL=\(base)/kakao/v1/user/unlink",
+                    "export ONBOARDING_NAVER_CLIENT_SECRET=fake-naver-secret ONBOARDING_NAVER_TOKEN_URL=\(base)/naver/oauth2.0/token",
+                    "export ONBOARDING_GOOGLE_UNLINK=1 ONBOARDING_GOOGLE_REVOKE_URL=\(base)/google/revoke",
+                ]
                 // Written at once and unbuffered, so a terminal or a pipe sees it while serving.
                 FileHandle.standardOutput.write(Data((lines.joined(separator: "\n") + "\n\n").utf8))
             }

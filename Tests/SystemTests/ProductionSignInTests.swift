@@ -16,8 +16,10 @@ import Glibc
 @Suite("Real sign-in with the auth-service executable", .serialized, .timeLimit(.minutes(2)))
 struct ProductionSignInTests {
     /// Starts auth-service on loopback ports of its own, its data in `directory`.
-    static func startAuth(base: String, rpc: Endpoint, events: Endpoint, directory: URL) throws -> Process {
-        var environment = ProcessInfo.processInfo.environment.merging([
+    static func startAuth(
+        base: String, rpc: Endpoint, events: Endpoint, directory: URL, more: [String: String] = [:]
+    ) throws -> Process {
+        var environment = ProcessInfo.processInfo.environment.merging(more) { $1 }.merging([
             "ONBOARDING_DATA_DIR": directory.path, "ONBOARDING_AUTH_RPC": rpc.rawValue,
             "ONBOARDING_AUTH_EVENTS": events.rawValue, "ONBOARDING_LOG_LEVEL": "warning",
             "ONBOARDING_AUTH_DEV_MODE": "0",
@@ -45,8 +47,11 @@ struct ProductionSignInTests {
         return process.isRunning ? -1 : process.terminationStatus
     }
 
-    @Test("each provider's token signs in, with the same uid after a restart of auth; bad tokens are refused")
-    func eachProvider() async throws {
+    /// Runs `body` with a fake provider, a ZeroMQ bus, auth's two loopback endpoints and a data
+    /// folder of its own, all gone afterwards.
+    static func withSetting(
+        _ body: (FakeIdentityProvider, ZeroMQBus, Endpoint, Endpoint, URL) async throws -> Void
+    ) async throws {
         let fake = try await FakeIdentityProvider.make()
         // 17000-17999: no other suite's ports (the system tests take 26000-31999, the gateway's
         // process tests 16000-16999, the intent feed's 18000-19899).
@@ -59,12 +64,64 @@ struct ProductionSignInTests {
         logger.logLevel = .warning
         let bus = ZeroMQBus(source: "test", logger: logger)
         do {
-            try await signInTwice(fake: fake, bus: bus, rpc: rpc, events: events, directory: directory)
+            try await body(fake, bus, rpc, events, directory)
         } catch {
             await bus.shutdown()
             throw error
         }
         await bus.shutdown()
+    }
+
+    @Test("each provider's token signs in, with the same uid after a restart of auth; bad tokens are refused")
+    func eachProvider() async throws {
+        try await Self.withSetting { fake, bus, rpc, events, directory in
+            try await signInTwice(fake: fake, bus: bus, rpc: rpc, events: events, directory: directory)
+        }
+    }
+
+    @Test("configured by its environment, auth exchanges Apple's code at sign-in and unlinks withdrawals at Apple and Kakao")
+    func unlinkOnWithdrawal() async throws {
+        try await Self.withSetting { fake, bus, rpc, events, directory in
+            try await withdrawTwo(fake: fake, bus: bus, rpc: rpc, events: events, directory: directory)
+        }
+    }
+
+    func withdrawTwo(fake: FakeIdentityProvider, bus: ZeroMQBus, rpc: Endpoint, events: Endpoint, directory: URL) async throws {
+        let keyFile = directory.appendingPathComponent("AuthKey_KEY1234567.p8")
+        try FakeIdentityProvider.makeAppleDeveloperKeyPEM().write(to: keyFile, atomically: true, encoding: .utf8)
+        try await fake.withRunning { base in
+            let auth = try Self.startAuth(
+                base: base, rpc: rpc, events: events, directory: directory,
+                more: [
+                    "ONBOARDING_APPLE_TEAM_ID": "TEAM123456", "ONBOARDING_APPLE_KEY_ID": "KEY1234567",
+                    "ONBOARDING_APPLE_PRIVATE_KEY_PATH": keyFile.path,
+                    "ONBOARDING_APPLE_TOKEN_URL": "\(base)\(FakeIdentityProvider.appleTokenPath)",
+                    "ONBOARDING_APPLE_REVOKE_URL": "\(base)/apple/auth/revoke",
+                    "ONBOARDING_KAKAO_ADMIN_KEY": "kakao-admin-key", "ONBOARDING_KAKAO_UNLINK_URL": "\(base)/kakao/v1/user/unlink",
+                ])
+            do {
+                _ = try await bus.waitUntilAnswering(rpc, source: "test", timeout: .seconds(30))
+                let apple: SignInResult = try await bus.call(
+                    SignIn(provider: .apple, subject: "", idToken: try fake.mintIDToken(.apple, subject: "a-7"), authorizationCode: "c-7"),
+                    to: rpc, source: "test")
+                let kakao: SignInResult = try await bus.call(
+                    SignIn(provider: .kakao, subject: "", idToken: try fake.mintIDToken(.kakao, subject: "7007")), to: rpc, source: "test")
+                for session in [apple, kakao] {
+                    let _: AccountResult = try await bus.call(Withdraw(), to: rpc, source: "test", sessionToken: session.sessionToken)
+                }
+                let revoked = await fake.waitForRequests(path: "/apple/auth/revoke")
+                #expect(revoked.first?.body.contains("token=\(FakeIdentityProvider.appleRefreshToken(forCode: "c-7"))") == true)
+                let unlinked = await fake.waitForRequests(path: "/kakao/v1/user/unlink")
+                #expect(unlinked.first?.body == "target_id_type=user_id&target_id=7007")
+                #expect(unlinked.first?.authorization == "KakaoAK kakao-admin-key")
+                let health: HealthStatus = try await bus.call(HealthCheck(), to: rpc, source: "test")
+                #expect(health.unlink != nil, "auth's health shows its unlink queue")
+            } catch {
+                _ = await Self.stop(auth)
+                throw error
+            }
+            #expect(await Self.stop(auth) == 0, "auth stops cleanly on SIGTERM")
+        }
     }
 
     func signInTwice(fake: FakeIdentityProvider, bus: ZeroMQBus, rpc: Endpoint, events: Endpoint, directory: URL) async throws {

@@ -3,12 +3,11 @@ import JWTKit
 import OnboardingAPI
 
 // Unlinking an account at its provider after a withdrawal (issue 9, item 5): the requests each
-// provider takes and how to read its answers. Building blocks only: nothing in auth sends them
-// yet; the durable queue that does (recorded in the withdrawal's transaction, retried with
-// backoff, shown in health) is the next step.
+// provider takes and how to read its answers. Auth's durable queue (`UnlinkWorker` in
+// AuthService) sends them.
 
 /// The credentials and endpoints for unlinking at each provider. A provider left `nil` is
-/// skipped (and says so in the log once, when wired).
+/// skipped: its unlink jobs are dropped, with one log line per provider per process.
 public struct UnlinkSettings: Sendable, Hashable {
     /// Sign in with Apple: `POST /auth/revoke` with a refresh token, authenticated by a
     /// `client_secret` that is an ES256 JWT signed with the developer's key.
@@ -19,16 +18,21 @@ public struct UnlinkSettings: Sendable, Hashable {
         public var privateKeyPEM: String
         public var clientID: String
         public var revokeURL: String
+        /// Where a sign-in's authorization code is exchanged for the refresh token that revoking
+        /// needs (`POST /auth/token`, `grant_type=authorization_code`).
+        public var tokenURL: String
 
         public init(
             teamID: String, keyID: String, privateKeyPEM: String, clientID: String,
-            revokeURL: String = "https://appleid.apple.com/auth/revoke"
+            revokeURL: String = "https://appleid.apple.com/auth/revoke",
+            tokenURL: String = "https://appleid.apple.com/auth/token"
         ) {
             self.teamID = teamID
             self.keyID = keyID
             self.privateKeyPEM = privateKeyPEM
             self.clientID = clientID
             self.revokeURL = revokeURL
+            self.tokenURL = tokenURL
         }
     }
 
@@ -72,6 +76,16 @@ public struct UnlinkSettings: Sendable, Hashable {
         self.kakao = kakao
         self.naver = naver
         self.google = google
+    }
+
+    /// Whether `provider` has what unlinking there takes.
+    public func isConfigured(_ provider: Provider) -> Bool {
+        switch provider {
+        case .apple: apple != nil
+        case .kakao: kakao != nil
+        case .naver: naver != nil
+        case .google: google != nil
+        }
     }
 }
 
@@ -152,6 +166,7 @@ public enum UnlinkOutcome: Sendable, Hashable {
     public static func classify(_ provider: Provider, status: Int, body: Data) -> UnlinkOutcome {
         let json = (try? JSONSerialization.jsonObject(with: body)) as? [String: Any]
         let error = (json?["error"] as? String) ?? (json?["msg"] as? String) ?? ""
+        let code = error.isEmpty ? "" : " \(error)"
         switch status {
         case 200..<300:
             if provider == .naver, !error.isEmpty {
@@ -163,9 +178,9 @@ public enum UnlinkOutcome: Sendable, Hashable {
         case 400 where provider == .google && error == "invalid_token":
             return .done
         case 408, 429, 500..<600:
-            return .retryLater("\(provider.rawValue) answered HTTP \(status) \(error)")
+            return .retryLater("\(provider.rawValue) answered HTTP \(status)\(code)")
         default:
-            return .refused("\(provider.rawValue) refused the unlink with HTTP \(status) \(error)")
+            return .refused("\(provider.rawValue) refused the unlink with HTTP \(status)\(code)")
         }
     }
 }
