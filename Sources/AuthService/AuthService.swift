@@ -135,7 +135,7 @@ public struct AuthService: Service {
             bus: bus, endpoint: configuration.rpc,
             dispatcher: Self.dispatcher(
                 store: store, identities: identities, serviceToken: configuration.serviceToken, logger: logger,
-                unlink: unlink, bus: bus),
+                unlink: unlink),
             logger: logger)
         try await withEventRetention(configuration.eventRetention, database: database, logger: logger) {
             try await withCheckpoints(path: configuration.databasePath, writer: database, logger: logger) {
@@ -145,8 +145,7 @@ public struct AuthService: Service {
     }
 
     private static func dispatcher(
-        store: AuthStore, identities: any IdentityVerifier, serviceToken: String?, logger: Logger, unlink: UnlinkWorker,
-        bus: any MessageBus
+        store: AuthStore, identities: any IdentityVerifier, serviceToken: String?, logger: Logger, unlink: UnlinkWorker
     ) -> RequestDispatcher {
         var dispatcher = RequestDispatcher(source: ServiceName.auth, sessions: store, serviceToken: serviceToken, logger: logger)
         if let immediate = identities as? any ImmediateIdentityVerifier {
@@ -212,7 +211,11 @@ public struct AuthService: Service {
             }
         }
         dispatcher.onEventsAfter(database: store.database)
-        answerHealth(in: &dispatcher, bus: bus, database: store.database, unlink: unlink)
+        // Health replies show the unlink queue (pending jobs, the oldest one's age, the last error).
+        let database = store.database
+        dispatcher.healthDetails = { status in
+            status.unlink = try? await database.read { try unlink.status(in: $0) }
+        }
         return dispatcher
     }
 }

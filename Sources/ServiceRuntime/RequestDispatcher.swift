@@ -70,6 +70,8 @@ public struct RequestDispatcher: Sendable {
     private let startedAt = Timestamp.now()
     /// How the service follows other services' events, for `health` replies.
     public var feedStatistics: (@Sendable () -> [FeedStatistics])?
+    /// Adds what only the service knows to its `health` replies (auth: its unlink queue).
+    public var healthDetails: (@Sendable (inout HealthStatus) async -> Void)?
 
     /// - Parameters:
     ///   - sessions: verifies session tokens; required when any route uses ``Access/session`` or
@@ -194,10 +196,9 @@ public struct RequestDispatcher: Sendable {
                 request.fail(ServiceError(.unexpectedFrames, "health takes no binary frame; send the envelope alone."), source: source)
                 return
             }
-            request.reply(
-                type: HealthCheck.replyType, source: source,
-                payload: HealthStatus(
-                    service: source, startedAt: startedAt, statistics: statistics(), feeds: feedStatistics?()))
+            var status = HealthStatus(service: source, startedAt: startedAt, statistics: statistics(), feeds: feedStatistics?())
+            await healthDetails?(&status)
+            request.reply(type: HealthCheck.replyType, source: source, payload: status)
             return
         }
         guard let handler = handlers[type] else {
