@@ -1,0 +1,114 @@
+import Foundation
+import GRDB
+import Logging
+import Messaging
+import OnboardingAPI
+import PropertyBased
+import ServiceRuntime
+import Testing
+
+@testable import OnboardingOrchestrator
+
+/// The orchestrator's commit over random inputs for a few people, cut into transactions at
+/// random: a person's row (written once per transaction) must always name the intent last put in
+/// the route outbox for them, with that row's route sequence.
+@Suite("The orchestrator's store over random batches")
+struct OrchestratorStoreInterleavingTests {
+    static let people = ["p0", "p1", "p2"]
+    /// Step kinds: 0 sign in, 1 sign out, 2 profile created, 3 profile deleted, 4 withdrawn,
+    /// 5 commit what is batched; the rest of the code picks the person.
+    static let kinds = 6
+    static let steps = Gen.int(in: 0...(kinds * people.count - 1)).array(of: 1...80)
+
+    @Test("a person's row names the intent last put in the route outbox for them, with its sequence")
+    func rowMatchesRouteOutbox() async throws {
+        await propertyCheck(count: 150, input: Self.steps) { steps in
+            let problems = try await Self.run(steps)
+            #expect(problems.isEmpty, "\(problems) after steps \(steps)")
+        }
+    }
+
+    static func run(_ steps: [Int]) async throws -> [String] {
+        let bus = InProcessBus()
+        let publisher = try await bus.publisher(at: Endpoint("inproc://routes"))
+        defer { publisher.close() }
+        let database = try OrchestratorStore.openDatabase(path: nil)
+        let (_, work) = AsyncStream.makeStream(of: Work.self)
+        var logger = Logger(label: "store-interleaving")
+        logger.logLevel = .critical
+        let engine = Engine(
+            configuration: OnboardingOrchestrator.Configuration(), bus: bus, database: database,
+            outbox: Outbox(source: ServiceName.orchestrator, publisher: publisher), logger: logger, work: work)
+
+        var sessions: [String: Int] = [:]
+        var withdrawn: Set<String> = []
+        var profileSequence: UInt64 = 0
+        var batch: [Engine.Submission] = []
+        var problems: [String] = []
+
+        func commit() throws {
+            guard !batch.isEmpty else { return }
+            let submissions = batch
+            batch = []
+            _ = try database.write { db in
+                try engine.machine.withLock { machine in try engine.apply(submissions, to: &machine, in: db) }
+            }
+            problems += try database.read(Self.check)
+        }
+
+        for code in steps {
+            let uid = people[(code / kinds) % people.count]
+            let input: OnboardingStateMachine.Input
+            switch code % kinds {
+            case 0:
+                guard !withdrawn.contains(uid) else { continue }
+                let isNew = sessions[uid] == nil
+                sessions[uid, default: 0] += 1
+                input = .signedIn(uid: uid, isNewAccount: isNew, sessions: sessions[uid])
+            case 1:
+                guard let count = sessions[uid], count > 0, !withdrawn.contains(uid) else { continue }
+                sessions[uid] = count - 1
+                input = .signedOut(uid: uid, sessions: count - 1)
+            case 2:
+                profileSequence += 1
+                input = .profileCreated(uid: uid, asOf: profileSequence)
+            case 3:
+                profileSequence += 1
+                input = .profileDeleted(uid: uid, reason: .request, asOf: profileSequence)
+            case 4:
+                guard sessions[uid] != nil, withdrawn.insert(uid).inserted else { continue }
+                input = .withdrawn(uid: uid)
+            default:
+                try commit()
+                continue
+            }
+            batch.append(Engine.Submission(inputs: [input]))
+        }
+        try commit()
+        return problems
+    }
+
+    /// What is wrong between the person rows and the route outbox.
+    static func check(_ db: Database) throws -> [String] {
+        var problems: [String] = []
+        for row in try Row.fetchAll(db, sql: "SELECT uid, intentId, intent, intentSequence FROM person") {
+            let uid: String = row["uid"]
+            guard let intentId: String = row["intentId"] else { continue }
+            guard
+                let last = try Row.fetchOne(
+                    db, sql: "SELECT sequence, envelope FROM outbox WHERE uid = ? ORDER BY sequence DESC LIMIT 1", arguments: [uid])
+            else {
+                problems.append("\(uid): intent \(intentId) in force, none in the route outbox")
+                continue
+            }
+            let envelope = try WireFormat.decoder().decode(Envelope<RouteIntent>.self, from: last["envelope"] as Data)
+            if envelope.payload.intentId != intentId || envelope.payload.intent.rawValue != (row["intent"] as String?) {
+                problems.append("\(uid): row says \(intentId), the outbox's last is \(envelope.payload.intentId)")
+            }
+            if (row["intentSequence"] as Int64?) != (last["sequence"] as Int64) {
+                problems.append("\(uid): row's route sequence \(String(describing: row["intentSequence"] as Int64?)), the outbox's \(last["sequence"] as Int64)")
+            }
+        }
+        return problems
+    }
+}
