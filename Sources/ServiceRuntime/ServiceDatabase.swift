@@ -101,9 +101,15 @@ public func withStore<T: Sendable>(
 /// which holds writers back for as long as it takes; with it, never (a service's writer runs
 /// on its bus's thread, which must not stop for seconds).
 /// `path` `nil` (an in-memory database) runs `body` alone.
+///
+/// The defaults were chosen with `./compose/onboarding bench sign-in --rate 1000` (p99): a
+/// checkpoint's disk sync holds the writer's next write to the log for a while (the file
+/// system's journal), so small checkpoints often (every 50 ms) stall it less than large ones
+/// rarely (200 ms: p99 2.3–2.7 ms; 50 ms: 1.5–1.9 ms); a log started over every 64 MiB beat both
+/// 4 MiB and 16 MiB (more tail checkpoints on the writer) and 256 MiB (a log that keeps growing).
 public func withCheckpoints<T: Sendable>(
-    path: String?, writer: (any DatabaseWriter)? = nil, every interval: Duration = .milliseconds(200),
-    restartAfter: Int = 16 * 1024 * 1024, walLimit: Int = 64 * 1024 * 1024, logger: Logger,
+    path: String?, writer: (any DatabaseWriter)? = nil, every interval: Duration = .milliseconds(50),
+    restartAfter: Int = 64 * 1024 * 1024, walLimit: Int = 64 * 1024 * 1024, logger: Logger,
     _ body: () async throws -> T
 ) async throws -> T {
     guard let path else { return try await body() }
