@@ -40,7 +40,8 @@ public struct WireWriter {
 
     public mutating func member(_ key: StaticString, _ value: Bool) {
         self.key(key)
-        bytes.append(contentsOf: value ? Array("true".utf8) : Array("false".utf8))
+        let literal: StaticString = value ? "true" : "false"
+        bytes.append(contentsOf: UnsafeBufferPointer(start: literal.utf8Start, count: literal.utf8CodeUnitCount))
     }
 
     public mutating func member(_ key: StaticString, _ value: Int) {
