@@ -123,8 +123,12 @@ public struct AuthService: Service {
         } else if let providers = identities as? ProviderIdentityVerifier {
             for line in providers.settings.summary { logger.notice("sign-in with \(line)") }
         }
-        let database = try ServiceDatabase.open(path: configuration.databasePath)
-        try AuthStore.migrator.migrate(database)
+        let path = configuration.databasePath
+        let database = try await ServiceDatabase.offPool {
+            let database = try ServiceDatabase.open(path: path)
+            try AuthStore.migrator.migrate(database)
+            return database
+        }
         let publisher = try await bus.publisher(at: configuration.events)
         defer { publisher.close() }
         logger.info("auth publishes events at \(configuration.events)")

@@ -91,7 +91,8 @@ public struct ProfileService: Service {
     /// - Throws: ``ServiceError`` `storeUnavailable` when the database cannot be opened, or the
     ///   bus's `addressInUse` / `invalidEndpoint` when an endpoint cannot be bound.
     public func run() async throws {
-        let writer = try ProfileStore.openDatabase(path: configuration.databasePath)
+        let path = configuration.databasePath
+        let writer = try await ServiceDatabase.offPool { try ProfileStore.openDatabase(path: path) }
         let publisher = try await bus.publisher(at: configuration.events)
         defer { publisher.close() }
         logger.info("profile publishes events at \(configuration.events)")

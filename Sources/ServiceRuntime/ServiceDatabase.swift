@@ -43,6 +43,17 @@ public enum ServiceDatabase {
         return try DatabasePool(path: path, configuration: configuration)
     }
 
+    /// Runs `work` (opening and migrating a database: file I/O and fsyncs that can take a while
+    /// on a busy disk) on a thread of its own and waits for it without blocking a thread of
+    /// Swift's cooperative pool, which the rest of the process needs meanwhile.
+    public static func offPool<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            let thread = Thread { continuation.resume(with: Result { try work() }) }
+            thread.name = "database-open"
+            thread.start()
+        }
+    }
+
     /// The mode of database files: read and written by their owner only.
     public static let fileMode: mode_t = 0o600
 
