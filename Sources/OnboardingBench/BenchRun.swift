@@ -193,7 +193,7 @@ final class BenchRun {
         let templates: [MessageTemplate]
         switch scenario {
         case .signIn: templates = [factory.signIn()]
-        case .check: templates = people.map { factory.check(sessionToken: $0.token) }
+        case .check: templates = people.map { factory.check(sessionToken: $0.token, uid: $0.uid.description) }
         case .setUp: templates = people.map { factory.setUp(sessionToken: $0.token) }
         }
         let configuration = TimedSender.Configuration(

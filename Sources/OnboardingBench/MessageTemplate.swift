@@ -129,11 +129,14 @@ struct RequestFactory: Sendable {
         return builder.template
     }
 
-    /// `onboarding.check` with `sessionToken` (its JSON text, as it came in the sign-in reply).
-    func check(sessionToken: [UInt8]) -> MessageTemplate {
+    /// `onboarding.check` with `sessionToken` (its JSON text, as it came in the sign-in reply),
+    /// naming the person's `uid` as `OnboardingClient` does (a hint that saves a round trip).
+    func check(sessionToken: [UInt8], uid: String) -> MessageTemplate {
         var builder = TemplateBuilder()
         head(&builder, type: "onboarding.check")
-        builder.text(",\"sessionToken\":\"")
+        builder.text(",\"uid\":\"")
+        builder.string(uid)
+        builder.text("\",\"sessionToken\":\"")
         builder.raw(sessionToken)
         builder.text("\",\"payload\":{}}")
         return builder.template

@@ -128,8 +128,11 @@ public final class OnboardingClient: Sendable {
 
     /// "Check me now": call whenever Home appears. When the profile is missing the answer's
     /// `intent` is `presentProfileSetup` (also sent on the route topic).
+    ///
+    /// The request names the session's uid as well (when this client knows it from signing in),
+    /// so that the orchestrator can ask for the profile while auth verifies the session.
     public func checkNow() async throws -> OnboardingStatus {
-        try await userCall(CheckOnboarding(), to: configuration.orchestratorRPC)
+        try await userCall(CheckOnboarding(), to: configuration.orchestratorRPC, namingUID: true)
     }
 
     /// Whether `username` could be claimed now. Check the format locally first
@@ -194,21 +197,24 @@ public final class OnboardingClient: Sendable {
     }
 
     /// A call for the signed-in person, retried (only requests that are safe to repeat come here).
+    /// - Parameter namingUID: the envelope also names the session's uid, as a hint (the session
+    ///   decides whose request it is).
     private func userCall<Request: APIRequest>(
-        _ request: Request, to endpoint: Endpoint, attachment: Data? = nil
+        _ request: Request, to endpoint: Endpoint, attachment: Data? = nil, namingUID: Bool = false
     ) async throws -> Request.Response {
         guard let session else {
             throw ServiceError(.unauthenticated, "Nobody is signed in. Sign in first.")
         }
-        return try await call(request, to: endpoint, sessionToken: session.sessionToken, attachment: attachment)
+        let uid = namingUID && !session.uid.isEmpty ? session.uid : nil
+        return try await call(request, to: endpoint, uid: uid, sessionToken: session.sessionToken, attachment: attachment)
     }
 
     private func call<Request: APIRequest>(
-        _ request: Request, to endpoint: Endpoint, sessionToken: String? = nil, attachment: Data? = nil,
+        _ request: Request, to endpoint: Endpoint, uid: String? = nil, sessionToken: String? = nil, attachment: Data? = nil,
         retryingOn codes: Set<ErrorCode> = ErrorCode.retryable
     ) async throws -> Request.Response {
         try await bus.callRetrying(
-            request, to: endpoint, source: configuration.name, sessionToken: sessionToken, attachment: attachment,
+            request, to: endpoint, source: configuration.name, uid: uid, sessionToken: sessionToken, attachment: attachment,
             timeout: configuration.timeout, retry: configuration.retry, deadline: configuration.deadline, retryingOn: codes)
     }
 }

@@ -16,19 +16,15 @@ extension Engine {
         dispatcher.on(CheckOnboarding.self, access: .session) { [self] _, context in
             try await check(uid: try context.requireUID())
         }
-        // "Check me now" on the bus's thread: the session is verified from there, the request
-        // commits with its batch, and the answer goes out when the check's outcome commits.
-        dispatcher.onLoop(CheckOnboarding.self, access: .session, database: database) { [self] _, context, db, reply in
-            let uid = try context.requireUID()
-            let waiter = nextWaiter.wrappingAdd(1, ordering: .relaxed).newValue
-            let actions = try machine.withLock { machine in
-                try apply([Submission(inputs: [.checkRequested(uid: uid, waiter: waiter)])], to: &machine, in: db)
+        // "Check me now" on the bus's thread (see `checkOnLoop`).
+        if let sessions = sessions as? any LoopSessionVerifier {
+            dispatcher.onLoop(
+                CheckOnboarding.self, access: .open, database: database, writes: false, replyUID: { $0.uid }
+            ) {
+                [self] _, context, _, reply in
+                try checkOnLoop(context.message.header, sessions: sessions, reply: reply)
+                return nil
             }
-            db.afterNextTransaction { _ in
-                self.waiters.withLock { $0[waiter] = { reply.send($0) } }
-                for action in actions { self.perform(action) }
-            }
-            return nil
         }
         dispatcher.on(SetUpProfile.self, access: .session, attachment: .optional) { [self] request, context in
             try await setUp(request, uid: try context.requireUID(), image: context.attachment, correlationId: context.message.header.id)
@@ -67,5 +63,93 @@ extension Engine {
         return try result.get()
     }
 
+    /// "Check me now" from the bus's thread. Auth verifies the session; when the request also
+    /// names its `uid` (a hint: the session decides), profile is asked for that person's profile
+    /// at the same time, so the check costs one round trip instead of two. Once both have
+    /// answered, the check and its answer are decided and committed together, and the reply
+    /// goes out after that commit. Without a hint, or when it is not the session's person, or
+    /// when the profile answer failed, the check asks profile afterwards, as after a sign-in.
+    func checkOnLoop(
+        _ header: EnvelopeHeader, sessions: any LoopSessionVerifier, reply: LoopReply<OnboardingStatus>
+    ) throws(ServiceError) {
+        guard let token = header.sessionToken, !token.isEmpty else { throw ServiceError.missingSessionToken }
+        let hint = header.uid.flatMap { $0.isEmpty ? nil : $0 }
+        let join = CheckJoin(expectingProfile: hint != nil)
+        sessions.uid(forSessionToken: token) { [self] result in
+            if let ready = join.verified(result) { startCheck(ready, hint: hint, reply: reply) }
+        }
+        if let hint {
+            bus.call(
+                GetProfile(), to: configuration.profileRPC, source: source, uid: hint,
+                serviceToken: configuration.serviceToken, timeout: configuration.callTimeout
+            ) { [self] result in
+                if let ready = join.profiled(result) { startCheck(ready, hint: hint, reply: reply) }
+            }
+        }
+    }
+
+    /// Queues the check once the session is known; its answer is sent when the check's outcome
+    /// has committed.
+    private func startCheck(_ ready: CheckJoin.Ready, hint: String?, reply: LoopReply<OnboardingStatus>) {
+        let uid: String
+        switch ready.session {
+        case .failure(let error):
+            reply.send(.failure(error))
+            return
+        case .success(let verified):
+            uid = verified
+        }
+        let waiter = nextWaiter.wrappingAdd(1, ordering: .relaxed).newValue
+        waiters.withLock { $0[waiter] = { reply.send($0) } }
+        var submission = Submission(inputs: [.checkRequested(uid: uid, waiter: waiter)])
+        if uid == hint, case .success(let found)? = ready.profile { submission.profiles[uid] = found }
+        enqueue(submission)
+    }
+
     static let stopping = ServiceError(.shuttingDown, "The orchestrator is stopping; ask again in a moment.")
+}
+
+/// Waits for the two answers a "check me now" may need (the session's person, and the profile
+/// asked ahead) and hands them on once, when the last of them arrives.
+///
+/// Threading: both callbacks run on the bus's thread; the mutex keeps it correct from anywhere.
+final class CheckJoin: Sendable {
+    typealias Ready = (session: Result<String, ServiceError>, profile: Result<ProfileResult, ServiceError>?)
+
+    private struct State {
+        var session: Result<String, ServiceError>?
+        var profile: Result<ProfileResult, ServiceError>?
+        var expectingProfile: Bool
+        var done = false
+    }
+
+    private let state: Mutex<State>
+
+    init(expectingProfile: Bool) {
+        state = Mutex(State(expectingProfile: expectingProfile))
+    }
+
+    /// The session's answer; both answers when this completes them.
+    func verified(_ result: Result<String, ServiceError>) -> Ready? {
+        state.withLock { state in
+            state.session = result
+            return Self.ready(&state)
+        }
+    }
+
+    /// The profile's answer; both answers when this completes them.
+    func profiled(_ result: Result<ProfileResult, ServiceError>) -> Ready? {
+        state.withLock { state in
+            state.profile = result
+            return Self.ready(&state)
+        }
+    }
+
+    private static func ready(_ state: inout State) -> Ready? {
+        guard !state.done, let session = state.session else { return nil }
+        // A refused session needs no profile answer.
+        if case .success = session, state.expectingProfile, state.profile == nil { return nil }
+        state.done = true
+        return (session, state.profile)
+    }
 }

@@ -59,6 +59,9 @@ final class Engine: Sendable {
         var cursor: (String, UInt64)?
         /// Resumed once the inputs have committed (or failed to).
         var committed: CheckedContinuation<Void, any Error>?
+        /// Profile answers fetched ahead, by uid: a check these inputs start for that person
+        /// takes its answer from here, in the same transaction, instead of asking profile.
+        var profiles: [String: ProfileResult] = [:]
     }
 
     /// Queues `input`; its effects follow once the batch it joins has committed.
@@ -74,7 +77,7 @@ final class Engine: Sendable {
     }
 
     /// Queues `submission` for the bus's thread; one job there commits everything queued.
-    private func enqueue(_ submission: Submission) {
+    func enqueue(_ submission: Submission) {
         let (accepted, schedule) = inbox.withLock { inbox -> (Bool, Bool) in
             guard !inbox.closed else { return (false, false) }
             inbox.submissions.append(submission)
@@ -239,14 +242,24 @@ final class Engine: Sendable {
         var emitted: [String: OrchestratorStore.PublishedIntent] = [:]
         var cursors: [String: UInt64] = [:]
         for submission in batch {
-            for input in submission.inputs {
+            var inputs = submission.inputs
+            var profiles = submission.profiles
+            var next = 0
+            while next < inputs.count {
+                let input = inputs[next]
+                next += 1
                 if !machine.isTracking(input.uid), let stored = try OrchestratorStore.person(input.uid, in: db) {
                     later += machine.restore(uid: input.uid, stored)
                 }
                 for action in machine.handle(input) {
-                    if case .emit(let intent) = action {
+                    switch action {
+                    case .emit(let intent):
                         emitted[intent.uid] = try emit(intent, in: db)
-                    } else {
+                    case .checkProfile(let uid, let check) where profiles[uid] != nil:
+                        // Answered ahead (see `Submission.profiles`): decided in this transaction.
+                        let found = profiles.removeValue(forKey: uid)!
+                        inputs.append(.profileChecked(uid: uid, check: check, exists: found.profile != nil, asOf: found.asOfSequence))
+                    default:
                         later.append(action)
                     }
                 }

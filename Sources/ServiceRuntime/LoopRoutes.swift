@@ -194,7 +194,7 @@ extension RequestDispatcher {
     /// Asks for the session of a ``Access/session`` request, then runs it on the bus's thread.
     private func verifyThenRun(raw: RawRequest, route: LoopRoutes.Route, payload: any Sendable, message: Message) throws(ServiceError) {
         guard let token = message.header.sessionToken, !token.isEmpty else {
-            throw ServiceError(.unauthenticated, "This request needs the sessionToken from auth.signIn. Sign in first.")
+            throw ServiceError.missingSessionToken
         }
         guard let sessions = sessions as? any LoopSessionVerifier else {
             throw ServiceError(.internalError, "This service cannot verify sessions.")

@@ -135,7 +135,7 @@ public struct RequestDispatcher: Sendable {
     ) async throws -> String? {
         func presentToken() throws -> String {
             guard let token = message.header.sessionToken, !token.isEmpty else {
-                throw ServiceError(.unauthenticated, "This request needs the sessionToken from auth.signIn. Sign in first.")
+                throw ServiceError.missingSessionToken
             }
             return token
         }

@@ -51,6 +51,10 @@ public struct RemoteSessionVerifier: LoopSessionVerifier {
 }
 
 extension ServiceError {
+    /// The answer to a *session* request that carries no session token.
+    public static let missingSessionToken = ServiceError(
+        .unauthenticated, "This request needs the sessionToken from auth.signIn. Sign in first.")
+
     /// The error to answer with when a service this one depends on failed.
     public static func dependency(_ service: String, _ cause: ServiceError) -> ServiceError {
         ServiceError(
