@@ -83,7 +83,7 @@ final class EventStreamReader: Sendable {
     /// will), up to `timeout`. Records an issue when it does not.
     @discardableResult
     func wait(
-        for what: String, timeout: Duration = .seconds(10), sourceLocation: SourceLocation = #_sourceLocation,
+        for what: String, timeout: Duration = .seconds(30), sourceLocation: SourceLocation = #_sourceLocation,
         _ predicate: @escaping @Sendable ([StreamEvent]) -> Bool
     ) async -> Bool {
         let met = await withCheckedContinuation { continuation in
@@ -109,7 +109,7 @@ final class EventStreamReader: Sendable {
 
     /// Waits for the `count`th intent event.
     @discardableResult
-    func waitForIntents(_ count: Int, timeout: Duration = .seconds(10), sourceLocation: SourceLocation = #_sourceLocation) async -> Bool {
+    func waitForIntents(_ count: Int, timeout: Duration = .seconds(30), sourceLocation: SourceLocation = #_sourceLocation) async -> Bool {
         await wait(for: "\(count) intent events", timeout: timeout, sourceLocation: sourceLocation) {
             $0.filter(\.isIntent).count >= count
         }
@@ -117,7 +117,7 @@ final class EventStreamReader: Sendable {
 
     /// Waits until the stream has ended.
     @discardableResult
-    func waitForEnd(timeout: Duration = .seconds(10), sourceLocation: SourceLocation = #_sourceLocation) async -> Bool {
+    func waitForEnd(timeout: Duration = .seconds(30), sourceLocation: SourceLocation = #_sourceLocation) async -> Bool {
         let ended = await withCheckedContinuation { continuation in
             let now: Bool? = state.withLock { state in
                 if state.ended { return true }

@@ -160,7 +160,7 @@ final class RunningGateway: Sendable {
         let task = Task { try await group.run() }
         var iterator = ports.makeAsyncIterator()
         guard let port = await iterator.next() else { throw ServiceError(.internalError, "the gateway did not start") }
-        try await gateway.hub.waitUntilFollowing(timeout: .seconds(10))
+        try await gateway.hub.waitUntilFollowing(timeout: .seconds(30))
         return RunningGateway(port: port, gateway: gateway, group: group, task: task)
     }
 
