@@ -311,7 +311,8 @@ public struct OnboardingGateway: Service {
                 authRPC: configuration.authRPC, profileRPC: configuration.profileRPC,
                 orchestratorRPC: configuration.orchestratorRPC, routes: configuration.routes,
                 timeout: configuration.callTimeout, deadline: configuration.callDeadline, name: configuration.name),
-            // The client library acts on the session token alone; uid and provider are not read.
+            // The client library acts on the session token; the provider is not read, and an empty
+            // uid sends no hint with "check me now" (the gateway does not know it).
             session: token.map { .init(uid: "", sessionToken: $0, provider: .google) })
     }
 
