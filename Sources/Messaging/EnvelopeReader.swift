@@ -17,6 +17,10 @@ public struct EnvelopeReader: Sendable {
     }
 
     private var decoders: [String: @Sendable (any Decoder) throws -> any Sendable] = [:]
+    /// The registered types that read themselves (``WireReadable``), by message type.
+    private var readers: [String: @Sendable (WireObject) throws -> any Sendable] = [:]
+    /// The registered types that do not.
+    private var decodables: Set<String> = []
 
     public init() {}
 
@@ -24,6 +28,13 @@ public struct EnvelopeReader: Sendable {
     public mutating func register<Payload: Decodable & Sendable>(_: Payload.Type, for messageType: String) {
         decoders[messageType] = { decoder in
             try decoder.container(keyedBy: PayloadKey.self).decode(Payload.self, forKey: .payload)
+        }
+        if Payload.self is any WireReadable.Type {
+            readers[messageType] = { object in try (Payload.self as! any WireReadable.Type).init(wire: object) as! Payload }
+            decodables.remove(messageType)
+        } else {
+            readers[messageType] = nil
+            decodables.insert(messageType)
         }
     }
 
@@ -35,6 +46,10 @@ public struct EnvelopeReader: Sendable {
     public func read(_ body: Data) throws(ServiceError) -> Read {
         guard Message.endsWithClosingBrace(body) else {
             throw ServiceError(.invalidMessage, "The message is not a JSON envelope: malformed JSON")
+        }
+        if let (header, payload) = WireDecoder.fastRead(body, readers: readers, decodables: decodables) {
+            guard header.version == EnvelopeHeader.currentVersion else { throw Message.unsupported(header) }
+            return Read(header: header, payload: payload)
         }
         let read: Read
         do {

@@ -26,7 +26,26 @@ public enum WireDecoder {
         try data.withUnsafeBytes { bytes in
             var parser = JSONParser(bytes: bytes)
             let root = try parser.parseDocument()
+            if let readable = Value.self as? any WireReadable.Type {
+                return try readable.init(wire: WireObject(root)) as! Value
+            }
             return try Value(from: TreeDecoder(value: root, userInfo: userInfo))
+        }
+    }
+
+    /// An envelope's header and, when `readers` has its type, its payload, read straight from
+    /// the tree (``WireReadable``); `nil` when anything is not as expected (or the type is
+    /// registered only as `Decodable`), so that the caller takes the full path.
+    static func fastRead(_ data: Data, readers: [String: @Sendable (WireObject) throws -> any Sendable], decodables: Set<String>)
+        -> (header: EnvelopeHeader, payload: (any Sendable)?)?
+    {
+        try? data.withUnsafeBytes { bytes in
+            var parser = JSONParser(bytes: bytes)
+            let root = try WireObject(try parser.parseDocument())
+            let header = try EnvelopeHeader(wire: root)
+            if let reader = readers[header.type] { return (header, try reader(try root.object("payload"))) }
+            if decodables.contains(header.type) { throw NotHandled() }
+            return (header, nil)
         }
     }
 
@@ -36,7 +55,7 @@ public enum WireDecoder {
 
 // MARK: - Parsing
 
-private enum JSONValue {
+enum JSONValue {
     case null
     case bool(Bool)
     /// An integer literal, as written (`-`? digits, no fraction or exponent).
@@ -52,7 +71,7 @@ private enum JSONValue {
 
 /// Bytes of the message being decoded (valid only while it is), made into a `String` only when
 /// a field is read.
-private struct RawText {
+struct RawText {
     let start: UnsafeRawPointer
     let count: Int
 
@@ -72,7 +91,7 @@ private struct RawText {
 
 /// RFC 8259, strictly: no leading zeros, no control characters in strings, valid UTF-8 and
 /// escapes, nothing after the value but white space.
-private struct JSONParser {
+struct JSONParser {
     let bytes: UnsafeRawBufferPointer
     var index = 0
     var depth = 0
@@ -275,7 +294,7 @@ private struct JSONParser {
 
 // MARK: - Decoding
 
-private struct TreeDecoder: Decoder {
+struct TreeDecoder: Decoder {
     let value: JSONValue
     let userInfo: [CodingUserInfoKey: Any]
     var codingPath: [any CodingKey] { [] }

@@ -559,3 +559,56 @@ extension RouteIntent: WireWritable {
         writer.member("uid", uid)
     }
 }
+
+// MARK: - The hot path's payloads, read without `Decodable`
+
+extension SignIn: WireReadable {
+    public init(wire object: WireObject) throws {
+        self.init(
+            provider: try object.value("provider"), subject: try object.string("subject"),
+            idToken: try object.optionalString("idToken"), accessToken: try object.optionalString("accessToken"),
+            nonce: try object.optionalString("nonce"), authorizationCode: try object.optionalString("authorizationCode"))
+    }
+}
+
+extension SignInResult: WireReadable {
+    public init(wire object: WireObject) throws {
+        self.init(
+            uid: try object.string("uid"), sessionToken: try object.string("sessionToken"),
+            provider: try object.value("provider"), isNewAccount: try object.bool("isNewAccount"))
+    }
+}
+
+extension SignedIn: WireReadable {
+    public init(wire object: WireObject) throws {
+        self.init(
+            uid: try object.string("uid"), provider: try object.value("provider"), isNewAccount: try object.bool("isNewAccount"),
+            sessions: try object.optionalInteger("sessions"))
+    }
+}
+
+extension VerifySession: WireReadable {
+    public init(wire object: WireObject) throws {
+        self.init(sessionToken: try object.string("sessionToken"))
+    }
+}
+
+extension AccountResult: WireReadable {
+    public init(wire object: WireObject) throws {
+        self.init(uid: try object.string("uid"))
+    }
+}
+
+extension CheckOnboarding: WireReadable {
+    public init(wire _: WireObject) throws {
+        self.init()
+    }
+}
+
+extension RouteIntent: WireReadable {
+    public init(wire object: WireObject) throws {
+        self.init(
+            intentId: try object.string("intentId"), uid: try object.string("uid"), intent: try object.value("intent"),
+            reason: try object.value("reason"))
+    }
+}
