@@ -35,6 +35,13 @@ struct InFlightTests {
 
     static let reply = OutgoingMessage(body: Data("{}".utf8))
 
+    /// Waits for the drain, then says whether `flag` was set by then. Run it as a child task
+    /// (`async let`), so that the suite's time limit cancels a drain that never comes.
+    static func drained(_ work: InFlight, after flag: Flag) async -> Bool {
+        await work.waitUntilDrained()
+        return flag.isSet
+    }
+
     @Test("up to the limit are admitted at once")
     func admitsUpToTheLimit() async {
         let work = InFlight(limit: 3)
@@ -97,13 +104,10 @@ struct InFlightTests {
     func drainWaitsForDraining() async {
         let work = InFlight(limit: 1)
         let began = Flag()
-        let waiter = Task {
-            await work.waitUntilDrained()
-            return began.isSet
-        }
+        async let sawFlag = Self.drained(work, after: began)
         began.set()
         work.beginDraining()
-        #expect(await waiter.value)
+        #expect(await sawFlag)
     }
 
     @Test("the drain waits for every admitted request to be released")
@@ -112,15 +116,12 @@ struct InFlightTests {
         for _ in 0..<3 { #expect(await work.acquire()) }
         work.beginDraining()
         let lastReleased = Flag()
-        let waiter = Task {
-            await work.waitUntilDrained()
-            return lastReleased.isSet
-        }
+        async let sawFlag = Self.drained(work, after: lastReleased)
         work.release()
         work.release()
         lastReleased.set()
         work.release()
-        #expect(await waiter.value)
+        #expect(await sawFlag)
     }
 
     @Test("a drain that is already complete returns at once, however often it is asked")
@@ -140,13 +141,10 @@ struct InFlightTests {
         let tracked = work.tracking(Self.counted(replies))
         work.beginDraining()
         let answered = Flag()
-        let waiter = Task {
-            await work.waitUntilDrained()
-            return answered.isSet
-        }
+        async let sawFlag = Self.drained(work, after: answered)
         answered.set()
         tracked.reply(Self.reply)
-        #expect(await waiter.value, "drained before the tracked request was answered")
+        #expect(await sawFlag, "drained before the tracked request was answered")
         tracked.reply(Self.reply)
         tracked.reply(Self.reply)
         #expect(replies.value == 1, "only the first reply reaches the caller")
@@ -160,16 +158,13 @@ struct InFlightTests {
         let second = work.tracking(Self.counted(replies))
         work.beginDraining()
         let secondAnswered = Flag()
-        let waiter = Task {
-            await work.waitUntilDrained()
-            return secondAnswered.isSet
-        }
+        async let sawFlag = Self.drained(work, after: secondAnswered)
         first.reply(Self.reply)
         first.reply(Self.reply)
         first.reply(Self.reply)
         secondAnswered.set()
         second.reply(Self.reply)
-        #expect(await waiter.value, "the first request's extra replies drained the second's count")
+        #expect(await sawFlag, "the first request's extra replies drained the second's count")
         #expect(replies.value == 2)
     }
 
@@ -228,7 +223,7 @@ struct InFlightTests {
             let running = Count()
             let drainedWhileRunning = Flag()
             await withTaskGroup(of: Void.self) { group in
-                let drain = Task {
+                group.addTask {
                     await work.waitUntilDrained()
                     if running.value != 0 { drainedWhileRunning.set() }
                 }
@@ -247,8 +242,6 @@ struct InFlightTests {
                     }
                 }
                 if drainAfter >= requests { work.beginDraining() }
-                await group.waitForAll()
-                await drain.value
             }
             #expect(admitted.value + refused.value == requests)
             #expect(!drainedWhileRunning.isSet, "drained with a request still running")

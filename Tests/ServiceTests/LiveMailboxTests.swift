@@ -55,18 +55,18 @@ struct LiveMailboxTests {
     @Test("a push wakes the task waiting with nothing queued")
     func pushWakesTheWaiter() async {
         let mailbox = LiveMailbox(capacity: 4)
-        let waiter = Task { await mailbox.wait(timeout: Self.forever) }
+        async let wake = mailbox.wait(timeout: Self.forever)
         mailbox.push(Self.event(1))
-        #expect(await waiter.value == .ready)
+        #expect(await wake == .ready)
         #expect(Self.sequences(mailbox.take(max: 4)) == [1])
     }
 
     @Test("a wake-up ends the wait with ready even with nothing queued")
     func wakeWithNothingQueued() async {
         let mailbox = LiveMailbox(capacity: 4)
-        let waiter = Task { await mailbox.wait(timeout: Self.forever) }
+        async let wake = mailbox.wait(timeout: Self.forever)
         mailbox.wake()
-        #expect(await waiter.value == .ready)
+        #expect(await wake == .ready)
         #expect(mailbox.isEmpty)
     }
 
@@ -103,9 +103,9 @@ struct LiveMailboxTests {
     @Test("finishing wakes the task waiting with finished")
     func finishWakesTheWaiter() async {
         let mailbox = LiveMailbox(capacity: 4)
-        let waiter = Task { await mailbox.wait(timeout: Self.forever) }
+        async let wake = mailbox.wait(timeout: Self.forever)
         mailbox.finish()
-        #expect(await waiter.value == .finished)
+        #expect(await wake == .finished)
     }
 
     @Test("cancelling the waiting task ends its wait with timedOut, and leaves the mailbox working")
