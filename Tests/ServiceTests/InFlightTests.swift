@@ -168,6 +168,27 @@ struct InFlightTests {
         #expect(replies.value == 2)
     }
 
+    @Test("the drain waits for both the running and the unanswered, whichever finishes last", arguments: [true, false])
+    func drainWaitsForRunningAndUnanswered(releaseFirst: Bool) async {
+        let work = InFlight(limit: 1)
+        let replies = Count()
+        #expect(await work.acquire())
+        let tracked = work.tracking(Self.counted(replies))
+        work.beginDraining()
+        let last = Flag()
+        async let sawFlag = Self.drained(work, after: last)
+        if releaseFirst {
+            work.release()
+            last.set()
+            tracked.reply(Self.reply)
+        } else {
+            tracked.reply(Self.reply)
+            last.set()
+            work.release()
+        }
+        #expect(await sawFlag, "drained before the last of them finished")
+    }
+
     @Test("cancelling the task that waits for the drain ends the wait, drained or not")
     func cancelledDrainWait() async {
         let work = InFlight(limit: 1)
