@@ -68,11 +68,15 @@ public enum ServiceHost {
             await bus.shutdown()
             throw error
         }
+        var watched = services
+        if let value = Settings.environment("ONBOARDING_EXIT_WITH_PARENT"), let parent = pid_t(value) {
+            watched.append(ParentWatch(parent: parent, logger: logger))
+        }
         var configuration = ServiceGroupConfiguration(
             // A group shuts its services down last to first: the bus comes first so that it
             // stops last, after every service has finished what it had in flight.
             services: [.init(service: bus)]
-                + services.map {
+                + watched.map {
                     .init(service: $0, successTerminationBehavior: .gracefullyShutdownGroup,
                           failureTerminationBehavior: .gracefullyShutdownGroup)
                 },
@@ -84,6 +88,26 @@ public enum ServiceHost {
         logger.info("\(name) started (pid \(ProcessInfo.processInfo.processIdentifier))")
         try await group.run()
         logger.info("\(name) stopped")
+    }
+}
+
+/// Stops the process (gracefully) once its parent is no longer `parent`: the process that
+/// started it has gone. Enabled with `ONBOARDING_EXIT_WITH_PARENT=<that process's pid>`, which
+/// the tests that start executables set, so that a test run that crashes leaves no services
+/// behind holding its ports and its output pipes.
+struct ParentWatch: Service {
+    let parent: pid_t
+    let logger: Logger
+
+    func run() async throws {
+        do {
+            try await cancelWhenGracefulShutdown {
+                while getppid() == parent { try await Task.sleep(for: .milliseconds(500)) }
+                logger.warning("the process that started this one (pid \(parent)) has gone; stopping")
+            }
+        } catch is CancellationError {
+            // Stopping for another reason.
+        }
     }
 }
 

@@ -42,6 +42,8 @@ final class RunningExecutables: Sendable {
             "ONBOARDING_IMAGE_RPC": "tcp://127.0.0.1:\(base + 4)", "ONBOARDING_ORCHESTRATOR_RPC": "tcp://127.0.0.1:\(base + 5)",
             "ONBOARDING_ROUTES": "tcp://127.0.0.1:\(base + 6)", "ONBOARDING_GATEWAY_HTTP": "http://127.0.0.1:\(base + 7)",
             "ONBOARDING_GATEWAY_HEARTBEAT_SECONDS": "1", "ONBOARDING_LOG_LEVEL": "warning",
+            // Stopped with this test process, even when it crashes.
+            "ONBOARDING_EXIT_WITH_PARENT": String(ProcessInfo.processInfo.processIdentifier),
         ]) { $1 }
         var services: [Process] = []
         for (name, arguments) in [

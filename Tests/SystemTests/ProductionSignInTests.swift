@@ -23,6 +23,8 @@ struct ProductionSignInTests {
             "ONBOARDING_DATA_DIR": directory.path, "ONBOARDING_AUTH_RPC": rpc.rawValue,
             "ONBOARDING_AUTH_EVENTS": events.rawValue, "ONBOARDING_LOG_LEVEL": "warning",
             "ONBOARDING_AUTH_DEV_MODE": "0",
+            // Stopped with this test process, even when it crashes.
+            "ONBOARDING_EXIT_WITH_PARENT": String(ProcessInfo.processInfo.processIdentifier),
             "ONBOARDING_NAVER_CLIENT_IDS": FakeIdentityProvider.defaultClientID(.naver),
             "ONBOARDING_NAVER_PROFILE_URL": FakeIdentityProvider.naverProfileURL(base: base),
         ]) { $1 }

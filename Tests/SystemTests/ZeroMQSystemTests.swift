@@ -41,6 +41,8 @@ final class RunningSystem: Sendable {
             "ONBOARDING_PROFILE_RPC": e.profileRPC.rawValue, "ONBOARDING_PROFILE_EVENTS": e.profileEvents.rawValue,
             "ONBOARDING_IMAGE_RPC": e.imageRPC.rawValue, "ONBOARDING_ORCHESTRATOR_RPC": e.orchestratorRPC.rawValue,
             "ONBOARDING_ROUTES": e.routes.rawValue, "ONBOARDING_LOG_LEVEL": "warning",
+            // Stopped with this test process, even when it crashes.
+            "ONBOARDING_EXIT_WITH_PARENT": String(ProcessInfo.processInfo.processIdentifier),
         ]) { $1 }
         let bin = Self.binDirectory
         var processes: [Process] = []
