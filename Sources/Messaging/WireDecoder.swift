@@ -382,17 +382,17 @@ private struct TreeKeyed<Key: CodingKey>: KeyedDecodingContainerProtocol {
     // The primitives that envelopes and payloads are made of, without the generic path's casts;
     // `decodeIfPresent` looks the key up once instead of three times.
 
-    func decode(_: String.Type, forKey key: Key) throws -> String { try text(member(key)) }
-    func decode(_: Bool.Type, forKey key: Key) throws -> Bool { try boolean(member(key)) }
-    func decode(_: Int.Type, forKey key: Key) throws -> Int { try number(member(key)) }
-    func decode(_: Int64.Type, forKey key: Key) throws -> Int64 { try number(member(key)) }
-    func decode(_: UInt64.Type, forKey key: Key) throws -> UInt64 { try number(member(key)) }
+    func decode(_: String.Type, forKey key: Key) throws -> String { try WireObject.string(member(key)) }
+    func decode(_: Bool.Type, forKey key: Key) throws -> Bool { try WireObject.boolean(member(key)) }
+    func decode(_: Int.Type, forKey key: Key) throws -> Int { try WireObject.integer(member(key)) }
+    func decode(_: Int64.Type, forKey key: Key) throws -> Int64 { try WireObject.integer(member(key)) }
+    func decode(_: UInt64.Type, forKey key: Key) throws -> UInt64 { try WireObject.integer(member(key)) }
 
-    func decodeIfPresent(_: String.Type, forKey key: Key) throws -> String? { try present(key).map(text) }
-    func decodeIfPresent(_: Bool.Type, forKey key: Key) throws -> Bool? { try present(key).map(boolean) }
-    func decodeIfPresent(_: Int.Type, forKey key: Key) throws -> Int? { try present(key).map(number) }
-    func decodeIfPresent(_: Int64.Type, forKey key: Key) throws -> Int64? { try present(key).map(number) }
-    func decodeIfPresent(_: UInt64.Type, forKey key: Key) throws -> UInt64? { try present(key).map(number) }
+    func decodeIfPresent(_: String.Type, forKey key: Key) throws -> String? { try present(key).map(WireObject.string) }
+    func decodeIfPresent(_: Bool.Type, forKey key: Key) throws -> Bool? { try present(key).map(WireObject.boolean) }
+    func decodeIfPresent(_: Int.Type, forKey key: Key) throws -> Int? { try present(key).map { try WireObject.integer($0) } }
+    func decodeIfPresent(_: Int64.Type, forKey key: Key) throws -> Int64? { try present(key).map { try WireObject.integer($0) } }
+    func decodeIfPresent(_: UInt64.Type, forKey key: Key) throws -> UInt64? { try present(key).map { try WireObject.integer($0) } }
 
     /// The member's value, or `nil` when it is missing or `null`.
     private func present(_ key: Key) -> JSONValue? {
@@ -400,24 +400,6 @@ private struct TreeKeyed<Key: CodingKey>: KeyedDecodingContainerProtocol {
         guard let member = members.first(where: { $0.key.equals(name) }) else { return nil }
         if case .null = member.value { return nil }
         return member.value
-    }
-
-    private func text(_ value: JSONValue) throws -> String {
-        switch value {
-        case .text(let text): return text.string
-        case .string(let string): return string
-        default: throw WireDecoder.NotHandled()
-        }
-    }
-
-    private func boolean(_ value: JSONValue) throws -> Bool {
-        guard case .bool(let bool) = value else { throw WireDecoder.NotHandled() }
-        return bool
-    }
-
-    private func number<T: FixedWidthInteger>(_ value: JSONValue) throws -> T {
-        guard case .integer(let digits) = value, let number = T(digits.string) else { throw WireDecoder.NotHandled() }
-        return number
     }
 
     func nestedContainer<NestedKey: CodingKey>(keyedBy _: NestedKey.Type, forKey key: Key) throws -> KeyedDecodingContainer<NestedKey> {

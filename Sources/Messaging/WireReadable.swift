@@ -44,7 +44,7 @@ public struct WireObject {
         return value
     }
 
-    private static func string(_ value: JSONValue) throws -> String {
+    static func string(_ value: JSONValue) throws -> String {
         switch value {
         case .text(let text): return text.string
         case .string(let string): return string
@@ -52,12 +52,12 @@ public struct WireObject {
         }
     }
 
-    private static func integer<T: FixedWidthInteger>(_ value: JSONValue) throws -> T {
+    static func integer<T: FixedWidthInteger>(_ value: JSONValue) throws -> T {
         guard case .integer(let digits) = value, let integer = T(digits.string) else { throw WireDecoder.NotHandled() }
         return integer
     }
 
-    private static func boolean(_ value: JSONValue) throws -> Bool {
+    static func boolean(_ value: JSONValue) throws -> Bool {
         guard case .bool(let bool) = value else { throw WireDecoder.NotHandled() }
         return bool
     }
