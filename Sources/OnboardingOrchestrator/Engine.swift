@@ -85,12 +85,21 @@ final class Engine: Sendable {
             return (true, !inbox.scheduled)
         }
         guard accepted else {
-            submission.committed?.resume(throwing: Self.stopping)
+            refuse(submission)
             return
         }
         if schedule, !bus.perform(onLoop: { [self] in commitQueued() }) {
             // The bus has shut down: nothing queued can commit any more.
-            for refused in takeQueued() { refused.committed?.resume(throwing: Self.stopping) }
+            for refused in takeQueued() { refuse(refused) }
+        }
+    }
+
+    /// Tells whoever waits on `submission` (its commit, the "check me now" it carries) that it
+    /// will not be carried out: the orchestrator is stopping.
+    private func refuse(_ submission: Submission) {
+        submission.committed?.resume(throwing: Self.stopping)
+        for case .checkRequested(_, let waiter) in submission.inputs {
+            resume(waiter, with: .failure(Self.stopping))
         }
     }
 
