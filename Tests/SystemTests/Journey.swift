@@ -82,7 +82,7 @@ final class IntentRecorder: Sendable {
     /// Waits until an intent matching `predicate` has arrived, up to `timeout`.
     @discardableResult
     func next(
-        timeout: Duration = .seconds(10), sourceLocation: SourceLocation = #_sourceLocation,
+        timeout: Duration = .seconds(30), sourceLocation: SourceLocation = #_sourceLocation,
         where predicate: @escaping @Sendable (RouteIntent) -> Bool
     ) async -> RouteIntent? {
         if let match = await received.first(timeout: timeout, where: predicate) { return match }
@@ -94,7 +94,7 @@ final class IntentRecorder: Sendable {
     /// came before the call), up to `timeout`.
     @discardableResult
     func next(
-        _ count: Int, timeout: Duration = .seconds(10), sourceLocation: SourceLocation = #_sourceLocation,
+        _ count: Int, timeout: Duration = .seconds(30), sourceLocation: SourceLocation = #_sourceLocation,
         where predicate: @escaping @Sendable (RouteIntent) -> Bool
     ) async -> RouteIntent? {
         // Every intent is shown to the predicate once, in arrival order.

@@ -37,7 +37,7 @@ final class Events: Sendable {
     }
 
     /// Waits until more than `seen` things have happened; false if that takes longer than `timeout`.
-    func wait(after seen: Int, timeout: Duration = .seconds(10)) async -> Bool {
+    func wait(after seen: Int, timeout: Duration = .seconds(30)) async -> Bool {
         await withCheckedContinuation { continuation in
             let already = state.withLock { state -> Bool in
                 if state.count > seen { return true }
@@ -56,7 +56,7 @@ final class Events: Sendable {
 
     /// Waits until `condition` holds, looking again each time something happens. Returns false if
     /// nothing happens for `timeout` while it does not hold.
-    func wait(until condition: () -> Bool, timeout: Duration = .seconds(10)) async -> Bool {
+    func wait(until condition: () -> Bool, timeout: Duration = .seconds(30)) async -> Bool {
         while true {
             let seen = count
             if condition() { return true }

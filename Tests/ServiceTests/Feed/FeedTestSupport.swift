@@ -44,7 +44,7 @@ final class Observed<Value: Sendable>: Sendable {
     /// Waits until `predicate` holds for the value (at once if it already does).
     @discardableResult
     func wait(
-        timeout: Duration = .seconds(10), until predicate: @escaping @Sendable (Value) -> Bool
+        timeout: Duration = .seconds(30), until predicate: @escaping @Sendable (Value) -> Bool
     ) async throws -> Value {
         let id = state.withLock { state in
             state.lastID += 1
