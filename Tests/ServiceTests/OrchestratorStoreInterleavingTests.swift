@@ -11,16 +11,18 @@ import Testing
 
 /// The orchestrator's commit over random inputs for a few people, cut into transactions at
 /// random: a person's row (written once per transaction) must always name the intent last put in
-/// the route outbox for them, with that row's route sequence.
+/// the route outbox for them, with that row's route sequence; and a "check me now" that carries
+/// its profile answer (asked ahead) does not ask profile again.
 @Suite("The orchestrator's store over random batches")
 struct OrchestratorStoreInterleavingTests {
     static let people = ["p0", "p1", "p2"]
     /// Step kinds: 0 sign in, 1 sign out, 2 profile created, 3 profile deleted, 4 withdrawn,
-    /// 5 commit what is batched; the rest of the code picks the person.
-    static let kinds = 6
+    /// 5 "check me now" with the profile answer asked ahead, 6 commit what is batched; the rest
+    /// of the code picks the person.
+    static let kinds = 7
     static let steps = Gen.int(in: 0...(kinds * people.count - 1)).array(of: 1...80)
 
-    @Test("a person's row names the intent last put in the route outbox for them, with its sequence")
+    @Test("a person's row names the intent last put in the route outbox for them, with its sequence; an answer asked ahead is used")
     func rowMatchesRouteOutbox() async throws {
         await propertyCheck(count: 150, input: Self.steps) { steps in
             let problems = try await Self.run(steps)
@@ -43,6 +45,8 @@ struct OrchestratorStoreInterleavingTests {
         var sessions: [String: Int] = [:]
         var withdrawn: Set<String> = []
         var profileSequence: UInt64 = 0
+        var hasProfile: Set<String> = []
+        var waiter: OnboardingStateMachine.WaiterID = 0
         var batch: [Engine.Submission] = []
         var problems: [String] = []
 
@@ -50,8 +54,15 @@ struct OrchestratorStoreInterleavingTests {
             guard !batch.isEmpty else { return }
             let submissions = batch
             batch = []
-            _ = try database.write { db in
+            let actions = try database.write { db in
                 try engine.machine.withLock { machine in try engine.apply(submissions, to: &machine, in: db) }
+            }
+            // People whose only inputs in this transaction are checks that carry their answer
+            // (another input, a returning sign-in say, may start a check of its own).
+            let others = Set(submissions.filter(\.profiles.isEmpty).flatMap { $0.inputs.map(\.uid) })
+            let answeredAhead = Set(submissions.flatMap(\.profiles.keys)).subtracting(others)
+            for case .checkProfile(let uid, _) in actions where answeredAhead.contains(uid) {
+                problems.append("\(uid): profile asked again although its answer came with the check")
             }
             problems += try database.read(Self.check)
         }
@@ -71,13 +82,24 @@ struct OrchestratorStoreInterleavingTests {
                 input = .signedOut(uid: uid, sessions: count - 1)
             case 2:
                 profileSequence += 1
+                hasProfile.insert(uid)
                 input = .profileCreated(uid: uid, asOf: profileSequence)
             case 3:
                 profileSequence += 1
+                hasProfile.remove(uid)
                 input = .profileDeleted(uid: uid, reason: .request, asOf: profileSequence)
             case 4:
                 guard sessions[uid] != nil, withdrawn.insert(uid).inserted else { continue }
                 input = .withdrawn(uid: uid)
+            case 5:
+                guard !withdrawn.contains(uid) else { continue }
+                waiter += 1
+                let profile = hasProfile.contains(uid)
+                    ? Profile(uid: uid, username: "name", imagePath: nil, createdAt: "t", updatedAt: "t") : nil
+                var submission = Engine.Submission(inputs: [.checkRequested(uid: uid, waiter: waiter)])
+                submission.profiles[uid] = ProfileResult(profile: profile, asOfSequence: profileSequence)
+                batch.append(submission)
+                continue
             default:
                 try commit()
                 continue
