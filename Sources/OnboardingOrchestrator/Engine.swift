@@ -194,7 +194,7 @@ final class Engine: Sendable {
     /// Called on the bus's thread.
     func commitNow(_ batch: [Submission]) throws {
         do {
-            let actions = try database.write { [self] db in
+            let actions = try database.writeTransaction { [self] db in
                 try machine.withLock { machine in try apply(batch, to: &machine, in: db) }
             }
             committed(batch, actions)

@@ -272,7 +272,7 @@ extension RequestDispatcher {
             }
             // Reads run on the writer's connection, between its transactions and outside one:
             // no snapshot to open and close, and no write can come between a read's statements.
-            let made = writes ? try database.write(run) : try database.writeWithoutTransaction(run)
+            let made = writes ? try database.writeTransaction(run) : try database.writeWithoutTransaction(run)
             for (index, reply) in zip(indices, made) { replies[index] = reply }
         }
         return replies

@@ -26,7 +26,8 @@ public final class Outbox: Sendable {
     private struct Unpublished {
         var messages: [OutgoingMessage] = []
         var observing = false
-        /// The next sequence number in the transaction under way, once known.
+        /// The next sequence number, once read: kept from one committed transaction to the
+        /// next (only this outbox writes the table), forgotten when one rolls back.
         var next: UInt64?
     }
 
@@ -60,18 +61,35 @@ public final class Outbox: Sendable {
     ) throws -> UInt64 {
         let topic = topic ?? Event.type
         let time = time ?? Timestamp.now()
-        // The next number, read inside this write transaction (one writer at a time), so the row
-        // is written once with its final envelope. AUTOINCREMENT keeps `sqlite_sequence` at the
-        // largest number ever used, pruned rows included. Read once per transaction: later
-        // events of the same transaction count on from it (only this outbox writes the table).
-        let known = unpublished.withLock { $0.next }
-        let sequence = try known ?? (Self.lastSequence(in: db) + 1)
-        let header = EnvelopeHeader(
-            type: Event.type, source: source, sequence: sequence, time: time, correlationId: correlationId, uid: uid)
-        let body = try Envelope(header: header, payload: event).encoded()
-        try db.executeCached(
-            "INSERT INTO outbox (sequence, type, topic, uid, envelope, createdAt) VALUES (?, ?, ?, ?, ?, ?)",
-            [Int64(clamping: sequence), Event.type, topic, uid, body, time])
+        // The next number, known before the insert (one writer at a time), so the row is
+        // written once with its final envelope. AUTOINCREMENT keeps `sqlite_sequence` at the
+        // largest number ever used, pruned rows included. It is read by the first transaction
+        // and after a rollback; later events count on from it. A service has one outbox per
+        // database, so the number it counts on is free; should another writer have taken it,
+        // the insert fails on the primary key and the number is read again.
+        func insert(_ sequence: UInt64) throws -> Data {
+            let header = EnvelopeHeader(
+                type: Event.type, source: source, sequence: sequence, time: time, correlationId: correlationId, uid: uid)
+            let body = try Envelope(header: header, payload: event).encoded()
+            try db.executeCached(
+                "INSERT INTO outbox (sequence, type, topic, uid, envelope, createdAt) VALUES (?, ?, ?, ?, ?, ?)",
+                [Int64(clamping: sequence), Event.type, topic, uid, body, time])
+            return body
+        }
+        var sequence: UInt64
+        let body: Data
+        if let known = unpublished.withLock({ $0.next }) {
+            do {
+                sequence = known
+                body = try insert(sequence)
+            } catch let error as DatabaseError where error.extendedResultCode == .SQLITE_CONSTRAINT_PRIMARYKEY {
+                sequence = try Self.lastSequence(in: db) + 1
+                body = try insert(sequence)
+            }
+        } else {
+            sequence = try Self.lastSequence(in: db) + 1
+            body = try insert(sequence)
+        }
         let firstOfTransaction = unpublished.withLock { unpublished in
             unpublished.messages.append(OutgoingMessage(topic: topic, body: body))
             unpublished.next = sequence + 1
@@ -82,18 +100,20 @@ public final class Outbox: Sendable {
             db.afterNextTransaction(
                 onCommit: { [self] _ in
                     // Publishing only queues each message for the bus's I/O thread; it never blocks.
-                    for message in takeUnpublished() { try? publisher.publish(message) }
+                    for message in takeUnpublished(committed: true) { try? publisher.publish(message) }
                 },
-                onRollback: { [self] _ in _ = takeUnpublished() })
+                onRollback: { [self] _ in _ = takeUnpublished(committed: false) })
         }
         return sequence
     }
 }
 
 extension Outbox {
-    private func takeUnpublished() -> [OutgoingMessage] {
+    /// The events of the transaction that just ended; the next sequence number is kept only
+    /// when it committed.
+    private func takeUnpublished(committed: Bool) -> [OutgoingMessage] {
         unpublished.withLock { unpublished in
-            defer { unpublished = Unpublished() }
+            defer { unpublished = Unpublished(next: committed ? unpublished.next : nil) }
             return unpublished.messages
         }
     }

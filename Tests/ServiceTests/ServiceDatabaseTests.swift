@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import Logging
 import ServiceRuntime
+import Synchronization
 import Testing
 
 @Suite("Service databases")
@@ -61,6 +62,47 @@ struct ServiceDatabaseTests {
             let count = try await writer.read { try Int.fetchOne($0, sql: "SELECT COUNT(*) FROM blob") }
             #expect(count == 2_000)
         }
+    }
+
+    @Test("writeTransaction commits what its body wrote, and rolls all of it back when the body throws")
+    func writeTransaction() throws {
+        struct Refused: Error {}
+        let writer = try ServiceDatabase.open(path: nil)
+        try writer.writeWithoutTransaction { try $0.execute(sql: "CREATE TABLE t (x INTEGER PRIMARY KEY)") }
+        let outcomes = Mutex<[String]>([])
+        for round in 1...3 {
+            // The statements are prepared once and reused: each round runs the same BEGIN and COMMIT.
+            let inserted = try writer.writeTransaction { db in
+                db.afterNextTransaction(
+                    onCommit: { _ in outcomes.withLock { $0.append("commit") } },
+                    onRollback: { _ in outcomes.withLock { $0.append("rollback") } })
+                try db.execute(sql: "INSERT INTO t VALUES (?)", arguments: [round])
+                return round
+            }
+            #expect(inserted == round)
+        }
+        #expect(throws: Refused.self) {
+            try writer.writeTransaction { db in
+                db.afterNextTransaction(
+                    onCommit: { _ in outcomes.withLock { $0.append("commit") } },
+                    onRollback: { _ in outcomes.withLock { $0.append("rollback") } })
+                try db.execute(sql: "INSERT INTO t VALUES (4)")
+                throw Refused()
+            }
+        }
+        // A failing statement inside the body: the error is the caller's, and nothing stays.
+        #expect(throws: DatabaseError.self) {
+            try writer.writeTransaction { db in
+                try db.execute(sql: "INSERT INTO t VALUES (5)")
+                try db.execute(sql: "INSERT INTO t VALUES (1)")
+            }
+        }
+        let rows = try writer.read { try Int.fetchAll($0, sql: "SELECT x FROM t ORDER BY x") }
+        #expect(rows == [1, 2, 3])
+        #expect(outcomes.withLock { $0 } == ["commit", "commit", "commit", "rollback"])
+        #expect(writer.writeWithoutTransaction { $0.isInsideTransaction } == false)
+        try writer.writeTransaction { try $0.execute(sql: "INSERT INTO t VALUES (6)") }
+        #expect(try writer.read { try Int.fetchAll($0, sql: "SELECT x FROM t ORDER BY x") } == [1, 2, 3, 6])
     }
 
     @Test("a new database and its -wal and -shm files are readable by their owner only")

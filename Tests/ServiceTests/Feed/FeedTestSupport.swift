@@ -169,6 +169,15 @@ struct OutboxPublisher {
             silentOutbox: Outbox(source: "publisher", publisher: SilentPublisher(endpoint: events)))
     }
 
+    /// The same publisher with new outboxes, as after a restart: they read the numbering from
+    /// the store again.
+    func restarted() -> OutboxPublisher {
+        OutboxPublisher(
+            bus: bus, writer: writer, publisher: publisher,
+            outbox: Outbox(source: "publisher", publisher: publisher),
+            silentOutbox: Outbox(source: "publisher", publisher: SilentPublisher(endpoint: Self.events)))
+    }
+
     /// Records one event on `topic` (published live unless `live` is false).
     ///
     /// - Returns: its sequence number.

@@ -69,6 +69,22 @@ struct OutboxReplayTests {
         }
     }
 
+    @Test("an outbox counts on from its last commit; should another writer take its next number, it reads the numbering again")
+    func numberingWithAnotherWriter() async throws {
+        try await withPublisher { publisher in
+            // Both outboxes write the same table: each has counted on from what it last saw.
+            let (first, second) = (publisher.outbox, publisher.silentOutbox)
+            var sequences: [UInt64] = []
+            for outbox in [first, second, first, first, second, second, first] {
+                sequences.append(try await publisher.writer.write { db in try outbox.append(SignedOut(uid: "a"), uid: "a", in: db) })
+            }
+            #expect(sequences == Array(1...7))
+            let stored = try await page(publisher, after: 0)
+            #expect(stored.events.map(\.sequence) == Array(1...7))
+            #expect(stored.lastSequence == 7)
+        }
+    }
+
     // MARK: Pages
 
     @Test("pages come oldest first, respect the limit and name the bounds")
