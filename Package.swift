@@ -107,6 +107,8 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "GRDB", package: "GRDB.swift"),
+                // SQLite's C API, for the few statements on the hot path (see HotStatement.swift).
+                .product(name: "GRDBSQLite", package: "GRDB.swift"),
             ]
         ),
 

@@ -140,12 +140,17 @@ struct AuthStore: SessionVerifier {
         let candidateUID = Identifier.timeOrdered()
         let secret = SessionToken.makeSecret()
         let now = Timestamp.format(date)
-        try db.executeCached(
+        try db.executeHot(
             """
             INSERT INTO account (uid, provider, subject, createdAt) VALUES (?, ?, ?, ?)
             ON CONFLICT (provider, subject) DO NOTHING
-            """,
-            [candidateUID, provider.rawValue, subject, now])
+            """
+        ) {
+            $0.bind(candidateUID)
+            $0.bind(provider.rawValue)
+            $0.bind(subject)
+            $0.bind(now)
+        }
         let isNewAccount = db.changesCount > 0
         let uid: String
         if isNewAccount {
@@ -160,9 +165,12 @@ struct AuthStore: SessionVerifier {
             }
             uid = existing
         }
-        try db.executeCached(
-            "INSERT INTO session (token, uid, createdAt, lastUsedAt) VALUES (?, ?, ?, ?)",
-            [SessionToken.digest(secret), uid, now, now])
+        try db.executeHot("INSERT INTO session (token, uid, createdAt, lastUsedAt) VALUES (?, ?, ?, ?)") {
+            $0.bind(SessionToken.digest(secret))
+            $0.bind(uid)
+            $0.bind(now)
+            $0.bind(now)
+        }
         let token = SessionToken.token(id: db.lastInsertedRowID, secret: secret)
         try applySessionPolicy(
             policy, uid: uid, isNewAccount: isNewAccount, now: date, outbox: outbox, correlationId: correlationId,

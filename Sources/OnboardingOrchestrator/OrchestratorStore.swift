@@ -78,34 +78,60 @@ enum OrchestratorStore {
     private static let personColumns =
         "uid, profile, profileAsOf, sessions, owesDismiss, pendingCheck, withdrawn, cleanup, intentId, intent, reason"
 
+    /// On the hot path: read for every input about someone the machine is not tracking.
     static func person(_ uid: String, in db: Database) throws -> OnboardingStateMachine.PersistedPerson? {
-        guard let row = try Row.fetchOne(
-            db.cachedStatement(sql: "SELECT \(personColumns) FROM person WHERE uid = ?"), arguments: [uid])
-        else { return nil }
-        return persisted(row)
+        try db.fetchOneHot("SELECT \(personColumns) FROM person WHERE uid = ?", { $0.bind(uid) }) { row in
+            persisted(
+                PersonColumns(
+                    uid: row.string(0), profile: row.string(1), profileAsOf: row.int64(2), sessions: Int(row.int64(3)),
+                    owesDismiss: row.bool(4), pendingCheck: row.optionalString(5), withdrawn: row.bool(6),
+                    cleanup: row.string(7), intentId: row.optionalString(8), intent: row.optionalString(9),
+                    reason: row.optionalString(10)))
+        }
     }
 
     /// Everyone with work under way (a pending check or clean-up), to resume after a restart.
     static func peopleWithWork(in db: Database) throws -> [(String, OnboardingStateMachine.PersistedPerson)] {
         try Row.fetchAll(
             db, sql: "SELECT \(personColumns) FROM person WHERE pendingCheck IS NOT NULL OR cleanup != ''"
-        ).map { (($0["uid"] as String), persisted($0)) }
+        ).map { row in
+            let columns = PersonColumns(
+                uid: row["uid"], profile: row["profile"], profileAsOf: row["profileAsOf"], sessions: row["sessions"],
+                owesDismiss: row["owesDismiss"], pendingCheck: row["pendingCheck"], withdrawn: row["withdrawn"],
+                cleanup: row["cleanup"], intentId: row["intentId"], intent: row["intent"], reason: row["reason"])
+            return (columns.uid, persisted(columns))
+        }
     }
 
-    private static func persisted(_ row: Row) -> OnboardingStateMachine.PersistedPerson {
+    /// A person's row as stored, in ``personColumns``' order.
+    private struct PersonColumns {
+        var uid: String
+        var profile: String
+        var profileAsOf: Int64
+        var sessions: Int
+        var owesDismiss: Bool
+        var pendingCheck: String?
+        var withdrawn: Bool
+        var cleanup: String
+        var intentId: String?
+        var intent: String?
+        var reason: String?
+    }
+
+    private static func persisted(_ row: PersonColumns) -> OnboardingStateMachine.PersistedPerson {
         let profile: OnboardingStateMachine.ProfileKnowledge =
-            switch row["profile"] as String {
+            switch row.profile {
             case "present": .present
             case "absent": .absent
             default: .unknown
             }
-        let cleanup = (row["cleanup"] as String).split(separator: ",").compactMap { OnboardingStateMachine.CleanupStep(rawValue: String($0)) }
+        let cleanup = row.cleanup.split(separator: ",").compactMap { OnboardingStateMachine.CleanupStep(rawValue: String($0)) }
         return .init(
-            profile: profile, profileAsOf: UInt64(clamping: row["profileAsOf"] as Int64), sessions: row["sessions"],
-            intent: routeState(row).intent,
-            owesDismiss: row["owesDismiss"],
-            pendingCheck: (row["pendingCheck"] as String?).flatMap(RouteIntent.Reason.init(rawValue:)),
-            withdrawn: row["withdrawn"], cleanup: Set(cleanup))
+            profile: profile, profileAsOf: UInt64(clamping: row.profileAsOf), sessions: row.sessions,
+            intent: intent(uid: row.uid, id: row.intentId, kind: row.intent, reason: row.reason),
+            owesDismiss: row.owesDismiss,
+            pendingCheck: row.pendingCheck.flatMap(RouteIntent.Reason.init(rawValue:)),
+            withdrawn: row.withdrawn, cleanup: Set(cleanup))
     }
 
     /// A route intent put in the outbox in this transaction: its route sequence and time.
@@ -135,14 +161,21 @@ enum OrchestratorStore {
             try recordIntent(emitted, in: db)
             published = nil
         }
-        var arguments: StatementArguments = [
-            uid, profile, Int64(clamping: person.profileAsOf), person.sessions, person.owesDismiss, person.pendingCheck?.rawValue,
-            person.withdrawn, cleanup, person.intent?.intentId, person.intent?.intent.rawValue,
-            person.intent?.reason.rawValue,
-        ]
+        func bindPerson(_ arguments: inout HotArguments) {
+            arguments.bind(uid)
+            arguments.bind(profile)
+            arguments.bind(Int64(clamping: person.profileAsOf))
+            arguments.bind(person.sessions)
+            arguments.bind(person.owesDismiss)
+            arguments.bind(person.pendingCheck?.rawValue)
+            arguments.bind(person.withdrawn)
+            arguments.bind(cleanup)
+            arguments.bind(person.intent?.intentId)
+            arguments.bind(person.intent?.intent.rawValue)
+            arguments.bind(person.intent?.reason.rawValue)
+        }
         if let published {
-            arguments += [Int64(clamping: published.sequence), published.time]
-            try db.executeCached("""
+            try db.executeHot("""
                 INSERT INTO person (uid, profile, profileAsOf, sessions, owesDismiss, pendingCheck, withdrawn, cleanup, intentId, intent, reason, intentSequence, intentTime)
                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (uid) DO UPDATE SET
@@ -151,12 +184,17 @@ enum OrchestratorStore {
                     pendingCheck = excluded.pendingCheck, withdrawn = excluded.withdrawn, cleanup = excluded.cleanup,
                     intentId = excluded.intentId, intent = excluded.intent, reason = excluded.reason,
                     intentSequence = excluded.intentSequence, intentTime = excluded.intentTime
-                """, arguments)
+                """
+            ) {
+                bindPerson(&$0)
+                $0.bind(Int64(clamping: published.sequence))
+                $0.bind(published.time)
+            }
             return
         }
         // An intent that is no longer in force (a sign-out, a withdrawal) takes its route
         // sequence and time with it; one in force keeps what was recorded with it.
-        try db.executeCached("""
+        try db.executeHot("""
                 INSERT INTO person (uid, profile, profileAsOf, sessions, owesDismiss, pendingCheck, withdrawn, cleanup, intentId, intent, reason)
                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (uid) DO UPDATE SET
@@ -166,7 +204,7 @@ enum OrchestratorStore {
                     intentId = excluded.intentId, intent = excluded.intent, reason = excluded.reason,
                     intentSequence = CASE WHEN excluded.intentId IS NULL THEN NULL ELSE intentSequence END,
                     intentTime = CASE WHEN excluded.intentId IS NULL THEN NULL ELSE intentTime END
-                """, arguments)
+                """, bindPerson)
     }
 
     /// Records `published` as the intent in force for its person.
@@ -204,13 +242,19 @@ enum OrchestratorStore {
 
     private static func routeState(_ row: Row) -> RouteState {
         let uid: String = row["uid"]
-        guard let id: String = row["intentId"],
-            let kind = (row["intent"] as String?).flatMap(RouteIntent.Kind.init(rawValue:)),
-            let reason = (row["reason"] as String?).flatMap(RouteIntent.Reason.init(rawValue:))
-        else { return RouteState(uid: uid, intent: nil, sequence: nil, time: nil) }
+        guard let intent = intent(uid: uid, id: row["intentId"], kind: row["intent"], reason: row["reason"]) else {
+            return RouteState(uid: uid, intent: nil, sequence: nil, time: nil)
+        }
         return RouteState(
-            uid: uid, intent: RouteIntent(intentId: id, uid: uid, intent: kind, reason: reason),
-            sequence: (row["intentSequence"] as Int64?).map { UInt64($0) }, time: row["intentTime"])
+            uid: uid, intent: intent, sequence: (row["intentSequence"] as Int64?).map { UInt64($0) }, time: row["intentTime"])
+    }
+
+    /// The intent in force stored in a person's row, if any.
+    private static func intent(uid: String, id: String?, kind: String?, reason: String?) -> RouteIntent? {
+        guard let id, let kind = kind.flatMap(RouteIntent.Kind.init(rawValue:)),
+            let reason = reason.flatMap(RouteIntent.Reason.init(rawValue:))
+        else { return nil }
+        return RouteIntent(intentId: id, uid: uid, intent: kind, reason: reason)
     }
 
     // MARK: Cursors
@@ -224,7 +268,10 @@ enum OrchestratorStore {
     }
 
     static func setCursor(_ publisher: String, to sequence: UInt64, in db: Database) throws {
-        try db.executeCached("INSERT INTO cursor (publisher, sequence) VALUES (?, ?) ON CONFLICT (publisher) DO UPDATE SET sequence = excluded.sequence", [publisher, Int64(clamping: sequence)])
+        try db.executeHot("INSERT INTO cursor (publisher, sequence) VALUES (?, ?) ON CONFLICT (publisher) DO UPDATE SET sequence = excluded.sequence") {
+            $0.bind(publisher)
+            $0.bind(Int64(clamping: sequence))
+        }
     }
 
     // MARK: Set-ups

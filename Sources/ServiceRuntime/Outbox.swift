@@ -71,9 +71,14 @@ public final class Outbox: Sendable {
             let header = EnvelopeHeader(
                 type: Event.type, source: source, sequence: sequence, time: time, correlationId: correlationId, uid: uid)
             let body = try Envelope(header: header, payload: event).encoded()
-            try db.executeCached(
-                "INSERT INTO outbox (sequence, type, topic, uid, envelope, createdAt) VALUES (?, ?, ?, ?, ?, ?)",
-                [Int64(clamping: sequence), Event.type, topic, uid, body, time])
+            try db.executeHot("INSERT INTO outbox (sequence, type, topic, uid, envelope, createdAt) VALUES (?, ?, ?, ?, ?, ?)") {
+                $0.bind(Int64(clamping: sequence))
+                $0.bind(Event.type)
+                $0.bind(topic)
+                $0.bind(uid)
+                $0.bind(body)
+                $0.bind(time)
+            }
             return body
         }
         var sequence: UInt64

@@ -35,6 +35,16 @@ final class IOLoop: @unchecked Sendable {
         var socket: Socket
         /// Requests waiting for the socket to become writable (no peer connected yet), oldest first.
         var backlog: [UInt64] = []
+        /// Requests sent or queued here that are still waiting for their reply.
+        var waiting = 0
+        /// After a request was given up on (timed out, cancelled), its reply may still come: the
+        /// socket is read until then, so that it is counted as late.
+        var lateUntil: UInt64 = 0
+
+        /// Whether `zmq_poll` watches the socket: only while a reply is expected. Every socket in
+        /// the set costs each turn of the loop a look at its mailbox (two system calls), and a
+        /// service's requesting sockets are idle on most turns.
+        func polled(now: UInt64) -> Bool { waiting > 0 || !backlog.isEmpty || lateUntil > now }
     }
 
     private struct Pending {
@@ -64,7 +74,10 @@ final class IOLoop: @unchecked Sendable {
     private var subscribers: [UInt64: Subscriber] = [:]
     private var servers: [UInt64: Server] = [:]
     private var dealers: [Endpoint: Dealer] = [:]
+    /// Requests waiting for their reply; add and remove them with `track` and `untrack`.
     private var pending: [UInt64: Pending] = [:]
+    /// Dealers whose `lateUntil` is set, to unset when it passes.
+    private var lateDealers = 0
     private var deadlines = DeadlineHeap()
 
     private var pollItems: [zmq_pollitem_t] = []
@@ -166,7 +179,8 @@ final class IOLoop: @unchecked Sendable {
         add(nil, fd: queue.wakeFD, events: ZMQ_POLLIN, .wake)
         for (id, subscriber) in subscribers { add(subscriber.socket.handle, events: ZMQ_POLLIN, .subscriber(id)) }
         for (id, server) in servers { add(server.socket.handle, events: ZMQ_POLLIN, .server(id)) }
-        for (endpoint, dealer) in dealers {
+        let now = monotonicNanoseconds()
+        for (endpoint, dealer) in dealers where dealer.polled(now: now) {
             let events = dealer.backlog.isEmpty ? ZMQ_POLLIN : ZMQ_POLLIN | ZMQ_POLLOUT
             add(dealer.socket.handle, events: events, .dealer(endpoint))
         }
@@ -225,7 +239,7 @@ final class IOLoop: @unchecked Sendable {
         case .cancelRequest(let id):
             // The caller's waiter is already resumed with CancellationError; forget the entry so
             // a reply that still comes counts as late.
-            pending.removeValue(forKey: id)
+            untrack(id, givenUp: true)
         case .run(let job):
             // What the job sends is flushed by the caller, behind what was already queued.
             job()
@@ -536,7 +550,7 @@ final class IOLoop: @unchecked Sendable {
         if dealers[request.endpoint]?.backlog.isEmpty ?? true {
             switch send(request.message, id: request.id, on: socket) {
             case .sent:
-                pending[request.id] = entry
+                track(request.id, entry)
                 deadlines.push(time: entry.deadline, id: request.id)
                 return
             case .wouldBlock:
@@ -549,7 +563,7 @@ final class IOLoop: @unchecked Sendable {
         // Not writable: no peer is connected (yet). Wait a short grace for one to appear.
         entry.unsent = request.message
         entry.sendBy = min(entry.deadline, now + configuration.connectGrace.clampedNanoseconds)
-        pending[request.id] = entry
+        track(request.id, entry)
         deadlines.push(time: entry.sendBy, id: request.id)
         if dealers[request.endpoint]!.backlog.isEmpty { pollDirty = true }
         dealers[request.endpoint]!.backlog.append(request.id)
@@ -599,7 +613,7 @@ final class IOLoop: @unchecked Sendable {
             if case .wouldBlock = result { break }
             sentCount += 1
             if case .failed(let code) = result {
-                pending[id] = nil
+                untrack(id, givenUp: false)
                 finisher(entry.waiter)(
                     .failure(ServiceError(.internalError, "Cannot send to \(endpoint): \(zmqErrorText(code)).")))
                 continue
@@ -612,6 +626,34 @@ final class IOLoop: @unchecked Sendable {
         dealers[endpoint]!.backlog.removeFirst(sentCount)
         if dealers[endpoint]!.backlog.isEmpty { pollDirty = true }
     }
+
+    /// Records a request that waits for its reply; its dealer is polled from now on.
+    private func track(_ id: UInt64, _ entry: Pending) {
+        pending[id] = entry
+        guard var dealer = dealers[entry.endpoint] else { return }
+        dealer.waiting += 1
+        dealers[entry.endpoint] = dealer
+        if dealer.waiting == 1 { pollDirty = true }
+    }
+
+    /// Forgets a request (answered, failed, given up on). `givenUp`: a reply may still come, so
+    /// the dealer is read a while longer for it (see ``lateReplyWindow``).
+    @discardableResult
+    private func untrack(_ id: UInt64, givenUp: Bool) -> Pending? {
+        guard let entry = pending.removeValue(forKey: id) else { return nil }
+        guard var dealer = dealers[entry.endpoint] else { return entry }
+        dealer.waiting -= 1
+        if givenUp {
+            if dealer.lateUntil == 0 { lateDealers += 1 }
+            dealer.lateUntil = monotonicNanoseconds() + Self.lateReplyWindow
+        }
+        dealers[entry.endpoint] = dealer
+        if dealer.waiting == 0 { pollDirty = true }
+        return entry
+    }
+
+    /// How long a dealer is still read after a request on it was given up on, in nanoseconds.
+    static let lateReplyWindow: UInt64 = 30_000_000_000
 
     /// Replies are [request id, empty, JSON, attachment?].
     /// Reads up to ``receiveBudget`` replies. Returns `false` when it stopped with more waiting.
@@ -637,7 +679,7 @@ final class IOLoop: @unchecked Sendable {
                     continue
                 }
                 let id = frames[0].withUnsafeBytes { UInt64(littleEndian: $0.loadUnaligned(as: UInt64.self)) }
-                guard let entry = pending.removeValue(forKey: id) else {
+                guard let entry = untrack(id, givenUp: false) else {
                     queue.count { $0.lateReplies += 1 }
                     continue
                 }
@@ -660,12 +702,12 @@ final class IOLoop: @unchecked Sendable {
             deadlines.removeFirst()
             guard let entry = pending[next.id] else { continue }
             if entry.unsent != nil, entry.sendBy <= now {
-                pending[next.id] = nil
+                untrack(next.id, givenUp: false)
                 touchedDealers.insert(entry.endpoint)
                 finisher(entry.waiter)(
                     .failure(ServiceError(.noResponder, "Nothing answers at \(entry.endpoint). Is the service running?")))
             } else if entry.unsent == nil, entry.deadline <= now {
-                pending[next.id] = nil
+                untrack(next.id, givenUp: true)
                 finisher(entry.waiter)(
                     .failure(ServiceError(.timeout, "No reply from \(entry.endpoint) within \(entry.timeout).")))
             }
@@ -673,6 +715,13 @@ final class IOLoop: @unchecked Sendable {
         for endpoint in touchedDealers {
             dealers[endpoint]?.backlog.removeAll { pending[$0] == nil }
             if dealers[endpoint]?.backlog.isEmpty == true { pollDirty = true }
+        }
+        if lateDealers > 0 {
+            for (endpoint, dealer) in dealers where dealer.lateUntil != 0 && dealer.lateUntil <= now {
+                dealers[endpoint]!.lateUntil = 0
+                lateDealers -= 1
+                pollDirty = true
+            }
         }
         // Finished requests leave their deadlines behind; rebuild when those dominate.
         if deadlines.count > 1024, deadlines.count > 4 * pending.count {
