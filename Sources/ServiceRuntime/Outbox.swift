@@ -8,8 +8,9 @@ import Synchronization
 /// A transactional outbox: an event is written in the same transaction as the change it reports,
 /// and published once that transaction commits.
 ///
-/// Each event's sequence number is its row id in the `outbox` table, so it only grows (the table
-/// uses `AUTOINCREMENT`: ids are never reused, even after old rows are pruned). Events are
+/// Each event's sequence number is its row id in the `outbox` table, and it only grows: numbers are
+/// never reused, even after old rows are pruned (pruning records the newest number it removed in
+/// `outboxFloor`, which the numbering starts above). Events are
 /// published in commit order from the database's writer, so subscribers see sequence numbers
 /// in order, and the table is the record to replay from.
 ///
@@ -48,6 +49,28 @@ public final class Outbox: Sendable {
                 table.column("createdAt", .text).notNull()
             }
         }
+        migrator.registerMigration("outbox-v2-floor") { db in
+            // Without AUTOINCREMENT: SQLite then rewrote its `sqlite_sequence` row in every
+            // transaction that recorded an event, one more page written per commit. What that row
+            // guarded (no number used twice once old events are pruned) is kept by `outboxFloor`,
+            // which only pruning writes.
+            try db.execute(
+                sql: """
+                    CREATE TABLE outbox_v2 (
+                      sequence INTEGER PRIMARY KEY,
+                      type TEXT NOT NULL,
+                      topic TEXT NOT NULL,
+                      uid TEXT,
+                      envelope BLOB NOT NULL,
+                      createdAt TEXT NOT NULL);
+                    INSERT INTO outbox_v2 (sequence, type, topic, uid, envelope, createdAt)
+                      SELECT sequence, type, topic, uid, envelope, createdAt FROM outbox;
+                    CREATE TABLE outboxFloor (id INTEGER PRIMARY KEY CHECK (id = 1), sequence INTEGER NOT NULL);
+                    INSERT INTO outboxFloor (id, sequence) SELECT 1, seq FROM sqlite_sequence WHERE name = 'outbox';
+                    DROP TABLE outbox;
+                    ALTER TABLE outbox_v2 RENAME TO outbox;
+                    """)
+        }
     }
 
     /// Records `event` in the current transaction and publishes it after commit.
@@ -62,9 +85,9 @@ public final class Outbox: Sendable {
         let topic = topic ?? Event.type
         let time = time ?? Timestamp.now()
         // The next number, known before the insert (one writer at a time), so the row is
-        // written once with its final envelope. AUTOINCREMENT keeps `sqlite_sequence` at the
-        // largest number ever used, pruned rows included. It is read by the first transaction
-        // and after a rollback; later events count on from it. A service has one outbox per
+        // written once with its final envelope: one above the largest number ever used, pruned
+        // rows included (``lastSequence(in:)``). It is read by the first transaction and after a
+        // rollback; later events count on from it. A service has one outbox per
         // database, so the number it counts on is free; should another writer have taken it,
         // the insert fails on the primary key and the number is read again.
         func insert(_ sequence: UInt64) throws -> Data {
@@ -134,7 +157,7 @@ extension Outbox {
     /// ``defaultPageSize``, never more than ``EventsAfter/maximumLimit``).
     ///
     /// Run it inside one read (or write) so the page and its bounds come from one snapshot.
-    /// ``EventPage/lastSequence`` is the largest sequence ever assigned (`sqlite_sequence`), so it
+    /// ``EventPage/lastSequence`` is the largest sequence ever assigned (``lastSequence(in:)``), so it
     /// stays right after old rows are pruned or when every row is gone.
     ///
     /// - Throws: ``ServiceError`` `invalidRequest` when `limit` is below 1; database errors.
@@ -161,7 +184,9 @@ extension Outbox {
     /// The largest sequence number ever assigned (0 before the first event), pruned rows and
     /// all: every event up to it has been recorded.
     public static func lastSequence(in db: Database) throws -> UInt64 {
-        UInt64(clamping: try Int64.fetchOne(db.cachedStatement(sql: "SELECT seq FROM sqlite_sequence WHERE name = 'outbox'")) ?? 0)
+        // The newest row, or (every row pruned) the newest number pruning removed.
+        let sql = "SELECT max(ifnull((SELECT max(sequence) FROM outbox), 0), ifnull((SELECT sequence FROM outboxFloor), 0))"
+        return UInt64(clamping: try Int64.fetchOne(db.cachedStatement(sql: sql)) ?? 0)
     }
 }
 
@@ -253,7 +278,15 @@ extension Outbox {
                         oldest: oldest, newest: newest, chunkEnd: chunkEnd, firstYoung: firstYoung)
                 else { return (0, false) }
                 try db.execute(sql: "DELETE FROM outbox WHERE sequence <= ?", arguments: [bound])
-                return (db.changesCount, bound == chunkEnd && bound < newest)
+                let deleted = db.changesCount
+                // Numbers removed are never used again, even if every row went (see `lastSequence`).
+                try db.execute(
+                    sql: """
+                        INSERT INTO outboxFloor (id, sequence) VALUES (1, ?)
+                        ON CONFLICT (id) DO UPDATE SET sequence = max(sequence, excluded.sequence)
+                        """,
+                    arguments: [min(bound, newest)])
+                return (deleted, bound == chunkEnd && bound < newest)
             }
             deleted += count
             if !more { return deleted }

@@ -181,7 +181,7 @@ struct EventFeedTests {
                 // deleted and it restarted (a new outbox, which reads the numbering afresh).
                 try await publisher.writer.write { db in
                     try db.execute(sql: "DELETE FROM outbox")
-                    try db.execute(sql: "DELETE FROM sqlite_sequence WHERE name = 'outbox'")
+                    try db.execute(sql: "DELETE FROM outboxFloor")
                 }
                 #expect(try await publisher.restarted().append() == 1)
                 try await recorder.calls.wait { $0.last == .init(sequences: [1], through: 1) }

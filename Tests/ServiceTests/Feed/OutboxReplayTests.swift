@@ -85,6 +85,54 @@ struct OutboxReplayTests {
         }
     }
 
+    @Test("an outbox of an earlier version keeps its events and numbering, pruned numbers included", arguments: [false, true])
+    func migratesNumbering(everyEventPruned: Bool) async throws {
+        try await withTemporaryDirectory { directory in
+            let writer = try ServiceDatabase.open(path: "\(directory)/old.sqlite")
+            // The first version's table: numbered with AUTOINCREMENT.
+            var old = DatabaseMigrator()
+            old.registerMigration("outbox-v1") { db in
+                try db.execute(
+                    sql: """
+                        CREATE TABLE outbox (sequence INTEGER PRIMARY KEY AUTOINCREMENT, type TEXT NOT NULL, topic TEXT NOT NULL,
+                          uid TEXT, envelope BLOB NOT NULL, createdAt TEXT NOT NULL)
+                        """)
+            }
+            try old.migrate(writer)
+            try await writer.write { db in
+                for _ in 1...5 {
+                    try db.execute(
+                        sql: "INSERT INTO outbox (type, topic, uid, envelope, createdAt) VALUES ('t', 't', 'u', x'7b7d', '2026-01-01T00:00:00.000Z')")
+                }
+                // Pruned: the newest two, or every one.
+                try db.execute(sql: everyEventPruned ? "DELETE FROM outbox" : "DELETE FROM outbox WHERE sequence <= 3")
+            }
+            var migrator = DatabaseMigrator()
+            Outbox.registerMigration(in: &migrator)
+            try migrator.migrate(writer)
+            let page = try await writer.read { try Outbox.events(after: 0, in: $0) }
+            #expect(page.events.map(\.sequence) == (everyEventPruned ? [] : [4, 5]))
+            #expect(page.lastSequence == 5)
+            let outbox = Outbox(source: "publisher", publisher: SilentPublisher(endpoint: OutboxPublisher.events))
+            let next = try await writer.write { try outbox.append(SignedOut(uid: "u"), uid: "u", in: $0) }
+            #expect(next == 6)
+            let autoincrementRows = try await writer.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM sqlite_sequence") }
+            #expect(autoincrementRows == 0, "no table numbers with AUTOINCREMENT any more")
+        }
+    }
+
+    @Test("after every event is pruned, the numbering goes on above the last one")
+    func numberingAfterEverythingPruned() async throws {
+        try await withPublisher { publisher in
+            for _ in 1...4 { try await publisher.append() }
+            try await age(publisher, through: 4, hours: 48)
+            #expect(try await Outbox.prune(Outbox.Retention(), in: publisher.writer) == 4)
+            #expect(try await page(publisher, after: 0) == EventPage(events: [], firstSequence: 0, lastSequence: 4))
+            // A new outbox (a restarted service) reads the numbering from the store.
+            #expect(try await publisher.restarted().append() == 5)
+        }
+    }
+
     // MARK: Pages
 
     @Test("pages come oldest first, respect the limit and name the bounds")
