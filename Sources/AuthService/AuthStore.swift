@@ -112,6 +112,24 @@ struct AuthStore: SessionVerifier {
                     """)
         }
         registerUnlinkMigration(in: &migrator)
+        migrator.registerMigration("auth-v7-account-without-rowid") { db in
+            // Keyed by uid alone: a new account was written to the table and to the index of its
+            // uid, two pages per commit; without a row id it is one. (GRDB runs this with foreign
+            // keys off and checks them before it commits: sessions and grants keep their account.)
+            try db.execute(
+                sql: """
+                    CREATE TABLE account_v7 (
+                      uid TEXT PRIMARY KEY NOT NULL,
+                      provider TEXT NOT NULL,
+                      subject TEXT NOT NULL,
+                      createdAt TEXT NOT NULL,
+                      UNIQUE (provider, subject)
+                    ) WITHOUT ROWID;
+                    INSERT INTO account_v7 (uid, provider, subject, createdAt) SELECT uid, provider, subject, createdAt FROM account;
+                    DROP TABLE account;
+                    ALTER TABLE account_v7 RENAME TO account;
+                    """)
+        }
         return migrator
     }
 

@@ -59,6 +59,36 @@ enum OrchestratorStore {
             // Sessions were not counted before: someone with an intent in force is taken as signed in.
             try db.execute(sql: "UPDATE person SET sessions = 1 WHERE intent IS NOT NULL AND NOT withdrawn")
         }
+        migrator.registerMigration("orchestrator-v3-person-without-rowid") { db in
+            // Keyed by uid alone: a new person's row was written to the table and to the index of
+            // its uid, two pages per commit; without a row id it is one.
+            try db.execute(
+                sql: """
+                    CREATE TABLE person_v3 (
+                      uid TEXT PRIMARY KEY NOT NULL,
+                      profile TEXT NOT NULL,
+                      pendingCheck TEXT,
+                      withdrawn BOOLEAN NOT NULL DEFAULT 0,
+                      cleanup TEXT NOT NULL DEFAULT '',
+                      intentId TEXT,
+                      intent TEXT,
+                      reason TEXT,
+                      intentSequence INTEGER,
+                      intentTime TEXT,
+                      profileAsOf INTEGER NOT NULL DEFAULT 0,
+                      owesDismiss BOOLEAN NOT NULL DEFAULT 0,
+                      sessions INTEGER NOT NULL DEFAULT 0
+                    ) WITHOUT ROWID;
+                    INSERT INTO person_v3 (uid, profile, pendingCheck, withdrawn, cleanup, intentId, intent, reason,
+                                           intentSequence, intentTime, profileAsOf, owesDismiss, sessions)
+                      SELECT uid, profile, pendingCheck, withdrawn, cleanup, intentId, intent, reason,
+                             intentSequence, intentTime, profileAsOf, owesDismiss, sessions FROM person;
+                    DROP TABLE person;
+                    ALTER TABLE person_v3 RENAME TO person;
+                    CREATE INDEX person_pending ON person(pendingCheck) WHERE pendingCheck IS NOT NULL;
+                    CREATE INDEX person_cleanup ON person(uid) WHERE cleanup != '';
+                    """)
+        }
         return migrator
     }
 

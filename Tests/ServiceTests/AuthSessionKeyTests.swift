@@ -75,4 +75,48 @@ struct AuthSessionKeyTests {
             }
         }
     }
+
+    @Test("accounts, their sessions and grants stored before account lost its row id are all still there, and still go together")
+    func accountWithoutRowID() async throws {
+        try await withTemporaryDirectory { directory in
+            let path = "\(directory)/auth.sqlite"
+            let queue = try DatabaseQueue(path: path)
+            try AuthStore.migrator.migrate(queue, upTo: "auth-v6-provider-unlink")
+            try await queue.write { db in
+                let now = Timestamp.format(Date())
+                for (uid, subject) in [("uid-a", "a"), ("uid-b", "b")] {
+                    try db.execute(
+                        sql: "INSERT INTO account (uid, provider, subject, createdAt) VALUES (?, 'kakao', ?, ?)", arguments: [uid, subject, now])
+                    try db.execute(
+                        sql: "INSERT INTO session (token, uid, createdAt, lastUsedAt) VALUES (?, ?, ?, ?)",
+                        arguments: [SessionToken.digest(SessionToken.makeSecret()), uid, now, now])
+                    try db.execute(
+                        sql: "INSERT INTO providerGrant (uid, provider, token, updatedAt) VALUES (?, 'kakao', 'secret', ?)", arguments: [uid, now])
+                }
+            }
+            try AuthStore.migrator.migrate(queue)
+            try await queue.write { db in
+                let schema = try String.fetchOne(db, sql: "SELECT sql FROM sqlite_master WHERE name = 'account'") ?? ""
+                #expect(schema.contains("WITHOUT ROWID"))
+                #expect(try String.fetchAll(db, sql: "SELECT uid FROM account ORDER BY uid") == ["uid-a", "uid-b"])
+                #expect(try Int.fetchOne(db, sql: "SELECT count(*) FROM session") == 2)
+                #expect(try Row.fetchAll(db, sql: "PRAGMA foreign_key_check").isEmpty)
+                // Deleting an account still takes its sessions and grant with it.
+                try db.execute(sql: "DELETE FROM account WHERE uid = 'uid-a'")
+                #expect(try String.fetchAll(db, sql: "SELECT uid FROM session") == ["uid-b"])
+                #expect(try String.fetchAll(db, sql: "SELECT uid FROM providerGrant") == ["uid-b"])
+                // (provider, subject) is still one account.
+                #expect(throws: DatabaseError.self) {
+                    try db.execute(sql: "INSERT INTO account (uid, provider, subject, createdAt) VALUES ('uid-c', 'kakao', 'b', '')")
+                }
+            }
+            try queue.close()
+            try await auth.withAuth(databasePath: path) {
+                let again = try await auth.signIn(.kakao, "b")
+                #expect(again.uid == "uid-b")
+                #expect(!again.isNewAccount)
+                #expect(try await auth.signIn(.kakao, "new").isNewAccount)
+            }
+        }
+    }
 }
