@@ -80,8 +80,14 @@ final class IOLoop: @unchecked Sendable {
     private var lateDealers = 0
     private var deadlines = DeadlineHeap()
 
-    private var pollItems: [zmq_pollitem_t] = []
+    /// What the loop waits on: the command queue's eventfd first, then each watched socket's
+    /// ``Socket/notificationFD()``, in the order of `pollTargets`.
+    private var pollFDs: [pollfd] = []
     private var pollTargets: [PollTarget] = []
+    /// Per entry of `pollTargets`: the socket, and the events wanted of it (nil for the eventfd).
+    private var pollSockets: [(socket: Socket, events: Int32)?] = []
+    /// Per entry: whether to ask the socket for its events before the loop next waits.
+    private var pollCheck: [Bool] = []
     private var pollDirty = true
     private var stopping = false
     /// Servers whose stream has ended, kept open (unpolled) until `closeAt` so that the replies
@@ -120,70 +126,85 @@ final class IOLoop: @unchecked Sendable {
 
     func run() {
         queue.adoptLoopThread()
-        // Whether some socket was left with messages unread because it used up its budget. Then
-        // the next poll must not wait: it only collects what is ready and the loop carries on.
-        // (zmq_poll re-reads ZMQ_EVENTS of every socket before it waits, so it would come back
-        // at once anyway; this keeps the loop correct without leaning on that.)
-        var unread = false
+        // The loop waits with poll(2) on the sockets' notification descriptors itself instead of
+        // calling zmq_poll, which asks every socket for its events (two system calls each) twice
+        // per wake-up. Here a socket is asked only when its descriptor was signalled or after the
+        // loop did anything (a receive or a send can consume the notification of a message that
+        // is then waiting unannounced): libzmq's rule for ZMQ_FD.
         while !stopping {
             if pollDirty { rebuildPollItems() }
-            let now = monotonicNanoseconds()
-            let timeout = unread ? 0 : pollTimeout(now: now)
-            let ready = pollItems.withUnsafeMutableBufferPointer { items in
-                zmq_poll(items.baseAddress, Int32(items.count), timeout)
+            var ready: [(index: Int, events: Int32)] = []
+            for index in pollCheck.indices where pollCheck[index] {
+                pollCheck[index] = false
+                guard let (socket, wanted) = pollSockets[index] else { continue }
+                let events = socket.events() & wanted
+                if events != 0 { ready.append((index, events)) }
             }
-            if ready < 0 {
-                let code = zmq_errno()
-                if code != EINTR { logger.error("zmq_poll failed", metadata: ["error": "\(zmqErrorText(code))"]) }
-                continue
+            // Wait only when nothing is ready; otherwise just look at the command queue.
+            let timeout = ready.isEmpty ? pollTimeout(now: monotonicNanoseconds()) : 0
+            let signalled = pollFDs.withUnsafeMutableBufferPointer { fds in
+                poll(fds.baseAddress, nfds_t(fds.count), Int32(clamping: timeout))
             }
-            unread = false
-            if ready > 0 {
-                var wake = false
-                // Sockets first, commands last: a command may close a socket, and targets are
-                // looked up by id, so a socket closed here is simply skipped.
-                for index in pollItems.indices where pollItems[index].revents != 0 {
-                    let revents = Int32(pollItems[index].revents)
-                    switch pollTargets[index] {
-                    case .wake: wake = true
-                    case .subscriber(let id):
-                        if !drainSubscriber(id) { unread = true }
-                    case .server(let id):
-                        if !drainServer(id) { unread = true }
-                    case .dealer(let endpoint):
-                        if revents & ZMQ_POLLIN != 0, !drainDealer(endpoint) { unread = true }
-                        if revents & ZMQ_POLLOUT != 0 { flushBacklog(endpoint, now: monotonicNanoseconds()) }
-                    }
+            if signalled < 0, errno != EINTR {
+                logger.error("poll failed", metadata: ["error": "\(String(cString: strerror(errno)))"])
+            }
+            var wake = false
+            if signalled > 0 {
+                for index in pollFDs.indices where pollFDs[index].revents != 0 {
+                    if index == 0 { wake = true } else { pollCheck[index] = true }
                 }
-                if wake {
-                    for command in queue.takeCommands() { perform(command) }
-                    flushLocalCommands()
+            }
+            var worked = !ready.isEmpty || wake
+            // Sockets first, commands last: a command may close a socket, and targets are
+            // looked up by id, so a socket closed here is simply skipped.
+            for (index, events) in ready {
+                switch pollTargets[index] {
+                case .wake: break
+                case .subscriber(let id): _ = drainSubscriber(id)
+                case .server(let id): _ = drainServer(id)
+                case .dealer(let endpoint):
+                    if events & ZMQ_POLLIN != 0 { _ = drainDealer(endpoint) }
+                    if events & ZMQ_POLLOUT != 0 { flushBacklog(endpoint, now: monotonicNanoseconds()) }
                 }
+            }
+            if wake {
+                for command in queue.takeCommands() { perform(command) }
+                flushLocalCommands()
             }
             // Anything submitted on this thread outside a loop handler (none today) goes out too.
             flushLocalCommands()
             let after = monotonicNanoseconds()
-            expireDeadlines(now: after)
+            if expireDeadlines(now: after) { worked = true }
             retireServers(now: after)
+            if worked, !pollDirty {
+                // What was received or sent may have consumed a notification: ask them all.
+                for index in pollCheck.indices { pollCheck[index] = true }
+            }
         }
         tearDown()
     }
 
     private func rebuildPollItems() {
-        pollItems.removeAll(keepingCapacity: true)
+        pollFDs.removeAll(keepingCapacity: true)
         pollTargets.removeAll(keepingCapacity: true)
-        func add(_ socket: UnsafeMutableRawPointer?, fd: Int32 = 0, events: Int32, _ target: PollTarget) {
-            pollItems.append(zmq_pollitem_t(socket: socket, fd: fd, events: Int16(events), revents: 0))
+        pollSockets.removeAll(keepingCapacity: true)
+        func add(_ socket: Socket?, fd: Int32, events: Int32, _ target: PollTarget) {
+            pollFDs.append(pollfd(fd: fd, events: Int16(POLLIN), revents: 0))
             pollTargets.append(target)
+            pollSockets.append(socket.map { ($0, events) })
         }
-        add(nil, fd: queue.wakeFD, events: ZMQ_POLLIN, .wake)
-        for (id, subscriber) in subscribers { add(subscriber.socket.handle, events: ZMQ_POLLIN, .subscriber(id)) }
-        for (id, server) in servers { add(server.socket.handle, events: ZMQ_POLLIN, .server(id)) }
+        add(nil, fd: queue.wakeFD, events: 0, .wake)
+        for (id, subscriber) in subscribers {
+            add(subscriber.socket, fd: subscriber.socket.notificationFD(), events: ZMQ_POLLIN, .subscriber(id))
+        }
+        for (id, server) in servers { add(server.socket, fd: server.socket.notificationFD(), events: ZMQ_POLLIN, .server(id)) }
         let now = monotonicNanoseconds()
         for (endpoint, dealer) in dealers where dealer.polled(now: now) {
             let events = dealer.backlog.isEmpty ? ZMQ_POLLIN : ZMQ_POLLIN | ZMQ_POLLOUT
-            add(dealer.socket.handle, events: events, .dealer(endpoint))
+            add(dealer.socket, fd: dealer.socket.notificationFD(), events: events, .dealer(endpoint))
         }
+        // A socket new to the set may have messages already: ask each once.
+        pollCheck = [Bool](repeating: true, count: pollTargets.count)
         pollDirty = false
     }
 
@@ -696,11 +717,16 @@ final class IOLoop: @unchecked Sendable {
         return false
     }
 
-    private func expireDeadlines(now: UInt64) {
+    /// Fails the requests whose time is up. Returns whether it failed any (their callers may have
+    /// sent something in turn).
+    @discardableResult
+    private func expireDeadlines(now: UInt64) -> Bool {
         var touchedDealers: Set<Endpoint> = []
+        var expired = false
         while let next = deadlines.first, next.time <= now {
             deadlines.removeFirst()
             guard let entry = pending[next.id] else { continue }
+            expired = true
             if entry.unsent != nil, entry.sendBy <= now {
                 untrack(next.id, givenUp: false)
                 touchedDealers.insert(entry.endpoint)
@@ -727,6 +753,7 @@ final class IOLoop: @unchecked Sendable {
         if deadlines.count > 1024, deadlines.count > 4 * pending.count {
             deadlines = DeadlineHeap(pending.map { id, entry in (entry.unsent == nil ? entry.deadline : entry.sendBy, id) })
         }
+        return expired
     }
 
     // MARK: Shutdown

@@ -22,6 +22,24 @@ struct Socket {
         case failed(Int32)
     }
 
+    /// The file descriptor libzmq signals when the socket's mailbox has something to process
+    /// (`ZMQ_FD`): readable does not mean a message is waiting; ask ``events()``.
+    func notificationFD() -> Int32 {
+        var fd: Int32 = -1
+        var size = MemoryLayout<Int32>.size
+        _ = zmq_getsockopt(handle, ZMQ_FD, &fd, &size)
+        return fd
+    }
+
+    /// `ZMQ_EVENTS`: whether a message can be received (`ZMQ_POLLIN`) or sent (`ZMQ_POLLOUT`) now.
+    /// Processes the socket's pending commands, which resets ``notificationFD()``.
+    func events() -> Int32 {
+        var events: Int32 = 0
+        var size = MemoryLayout<Int32>.size
+        guard zmq_getsockopt(handle, ZMQ_EVENTS, &events, &size) == 0 else { return 0 }
+        return events
+    }
+
     /// Sets an integer option.
     ///
     /// - Throws: ``ServiceError`` with `internalError`, naming the option and libzmq's reason.
