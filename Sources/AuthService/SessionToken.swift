@@ -51,7 +51,9 @@ enum SessionToken {
 
     /// What the store keeps of `token`: its SHA-256, in lowercase hex.
     static func digest(_ token: String) -> String {
-        let hash = SHA256.hash(data: Data(token.utf8))
+        // Hashed where the string's bytes are: no copy into a `Data` on the hot path.
+        var token = token
+        let hash = token.withUTF8 { SHA256.hash(data: UnsafeRawBufferPointer($0)) }
         let digits: StaticString = "0123456789abcdef"
         return String(unsafeUninitializedCapacity: SHA256.byteCount * 2) { buffer in
             var index = 0
