@@ -57,7 +57,7 @@ final class IOLoop: @unchecked Sendable {
         var sendBy: UInt64 = .max
     }
 
-    private enum PollTarget {
+    private enum PollTarget: Hashable {
         case wake
         case subscriber(UInt64)
         case server(UInt64)
@@ -88,6 +88,8 @@ final class IOLoop: @unchecked Sendable {
     private var pollSockets: [(socket: Socket, events: Int32)?] = []
     /// Per entry: whether to ask the socket for its events before the loop next waits.
     private var pollCheck: [Bool] = []
+    /// Where each target is in `pollTargets`.
+    private var pollIndex: [PollTarget: Int] = [:]
     private var pollDirty = true
     private var stopping = false
     /// Servers whose stream has ended, kept open (unpolled) until `closeAt` so that the replies
@@ -129,8 +131,8 @@ final class IOLoop: @unchecked Sendable {
         // The loop waits with poll(2) on the sockets' notification descriptors itself instead of
         // calling zmq_poll, which asks every socket for its events (two system calls each) twice
         // per wake-up. Here a socket is asked only when its descriptor was signalled or after the
-        // loop did anything (a receive or a send can consume the notification of a message that
-        // is then waiting unannounced): libzmq's rule for ZMQ_FD.
+        // loop received from it or sent on it (either can consume the notification of a message
+        // that is then waiting unannounced): libzmq's rule for ZMQ_FD.
         while !stopping {
             if pollDirty { rebuildPollItems() }
             var ready: [(index: Int, events: Int32)] = []
@@ -154,10 +156,11 @@ final class IOLoop: @unchecked Sendable {
                     if index == 0 { wake = true } else { pollCheck[index] = true }
                 }
             }
-            var worked = !ready.isEmpty || wake
             // Sockets first, commands last: a command may close a socket, and targets are
             // looked up by id, so a socket closed here is simply skipped.
             for (index, events) in ready {
+                // Read from: asked again before the loop waits.
+                pollCheck[index] = true
                 switch pollTargets[index] {
                 case .wake: break
                 case .subscriber(let id): _ = drainSubscriber(id)
@@ -174,12 +177,8 @@ final class IOLoop: @unchecked Sendable {
             // Anything submitted on this thread outside a loop handler (none today) goes out too.
             flushLocalCommands()
             let after = monotonicNanoseconds()
-            if expireDeadlines(now: after) { worked = true }
+            expireDeadlines(now: after)
             retireServers(now: after)
-            if worked, !pollDirty {
-                // What was received or sent may have consumed a notification: ask them all.
-                for index in pollCheck.indices { pollCheck[index] = true }
-            }
         }
         tearDown()
     }
@@ -205,7 +204,14 @@ final class IOLoop: @unchecked Sendable {
         }
         // A socket new to the set may have messages already: ask each once.
         pollCheck = [Bool](repeating: true, count: pollTargets.count)
+        pollIndex = Dictionary(uniqueKeysWithValues: zip(pollTargets, pollTargets.indices))
         pollDirty = false
+    }
+
+    /// Notes that the loop sent on a watched socket: it is asked for its events before the loop
+    /// waits (the send may have consumed the notification of a message that arrived meanwhile).
+    private func touched(_ target: PollTarget) {
+        if let index = pollIndex[target] { pollCheck[index] = true }
     }
 
     /// Milliseconds until the nearest deadline, or -1 (wait for an event) when there is none.
@@ -255,6 +261,7 @@ final class IOLoop: @unchecked Sendable {
                 return
             }
             sendReply(on: server, route: route, message: message)
+            touched(.server(serverID))
         case .request(let request):
             startRequest(request)
         case .cancelRequest(let id):
@@ -569,6 +576,7 @@ final class IOLoop: @unchecked Sendable {
         var entry = Pending(
             endpoint: request.endpoint, timeout: request.timeout, waiter: request.waiter, deadline: request.deadline)
         if dealers[request.endpoint]?.backlog.isEmpty ?? true {
+            defer { touched(.dealer(request.endpoint)) }
             switch send(request.message, id: request.id, on: socket) {
             case .sent:
                 track(request.id, entry)
@@ -631,6 +639,7 @@ final class IOLoop: @unchecked Sendable {
                 continue
             }
             let result = send(message, id: id, on: dealer.socket)
+            touched(.dealer(endpoint))
             if case .wouldBlock = result { break }
             sentCount += 1
             if case .failed(let code) = result {
