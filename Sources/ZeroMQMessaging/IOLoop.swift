@@ -41,7 +41,7 @@ final class IOLoop: @unchecked Sendable {
         /// socket is read until then, so that it is counted as late.
         var lateUntil: UInt64 = 0
 
-        /// Whether `zmq_poll` watches the socket: only while a reply is expected. Every socket in
+        /// Whether the loop watches the socket: only while a reply is expected. Every socket in
         /// the set costs each turn of the loop a look at its mailbox (two system calls), and a
         /// service's requesting sockets are idle on most turns.
         func polled(now: UInt64) -> Bool { waiting > 0 || !backlog.isEmpty || lateUntil > now }
@@ -163,10 +163,10 @@ final class IOLoop: @unchecked Sendable {
                 pollCheck[index] = true
                 switch pollTargets[index] {
                 case .wake: break
-                case .subscriber(let id): _ = drainSubscriber(id)
-                case .server(let id): _ = drainServer(id)
+                case .subscriber(let id): drainSubscriber(id)
+                case .server(let id): drainServer(id)
                 case .dealer(let endpoint):
-                    if events & ZMQ_POLLIN != 0 { _ = drainDealer(endpoint) }
+                    if events & ZMQ_POLLIN != 0 { drainDealer(endpoint) }
                     if events & ZMQ_POLLOUT != 0 { flushBacklog(endpoint, now: monotonicNanoseconds()) }
                 }
             }
@@ -368,19 +368,19 @@ final class IOLoop: @unchecked Sendable {
         }
     }
 
-    /// Reads up to ``receiveBudget`` events. Returns `false` when it stopped with more waiting.
-    private func drainSubscriber(_ id: UInt64) -> Bool {
-        guard let subscriber = subscribers[id] else { return true }
+    /// Reads up to ``receiveBudget`` events (the loop asks the socket again for the rest).
+    private func drainSubscriber(_ id: UInt64) {
+        guard let subscriber = subscribers[id] else { return }
         var batch: [RawEvent] = []
         defer {
             if case .loop(let handler) = subscriber.sink, !batch.isEmpty { runOnLoop { handler(batch) } }
         }
         for _ in 0..<Self.receiveBudget {
             switch subscriber.socket.receive(into: &frames, scratch: scratch) {
-            case .empty: return true
+            case .empty: return
             case .failed(let code):
                 logger.warning("Receiving an event failed", metadata: ["error": "\(zmqErrorText(code))"])
-                return true
+                return
             case .message:
                 guard frames.count == 2 || frames.count == 3, let topic = String(validating: frames[0], as: UTF8.self)
                 else {
@@ -402,7 +402,6 @@ final class IOLoop: @unchecked Sendable {
                 }
             }
         }
-        return false
     }
 
     /// Hands `result` to a caller's waiter, or runs a loop caller's callback here. Returns `false`
@@ -466,24 +465,23 @@ final class IOLoop: @unchecked Sendable {
         }
     }
 
-    /// Reads up to ``receiveBudget`` requests. Returns `false` when it stopped with more waiting.
-    private func drainServer(_ id: UInt64) -> Bool {
-        guard let server = servers[id] else { return true }
+    /// Reads up to ``receiveBudget`` requests (the loop asks the socket again for the rest).
+    private func drainServer(_ id: UInt64) {
+        guard let server = servers[id] else { return }
         var batch: [RawRequest] = []
         defer {
             if case .loop(let handler) = server.sink, !batch.isEmpty { runOnLoop { handler(batch) } }
         }
         for _ in 0..<Self.receiveBudget {
             switch server.socket.receive(into: &frames, scratch: scratch) {
-            case .empty: return true
+            case .empty: return
             case .failed(let code):
                 logger.warning("Receiving a request failed", metadata: ["error": "\(zmqErrorText(code))"])
-                return true
+                return
             case .message:
                 handleRequest(frames, on: server, serverID: id, batch: &batch)
             }
         }
-        return false
     }
 
     /// `frames` is [peer identity, routing frames..., empty delimiter, JSON, attachment?].
@@ -686,9 +684,9 @@ final class IOLoop: @unchecked Sendable {
     static let lateReplyWindow: UInt64 = 30_000_000_000
 
     /// Replies are [request id, empty, JSON, attachment?].
-    /// Reads up to ``receiveBudget`` replies. Returns `false` when it stopped with more waiting.
-    private func drainDealer(_ endpoint: Endpoint) -> Bool {
-        guard let dealer = dealers[endpoint] else { return true }
+    /// Reads up to ``receiveBudget`` replies (the loop asks the socket again for the rest).
+    private func drainDealer(_ endpoint: Endpoint) {
+        guard let dealer = dealers[endpoint] else { return }
         // Replies for loop callers are handed over together, in one turn of the loop, so that
         // what they queue (a commit, say) is done once for all of them.
         var callbacks: [(callback: @Sendable (Result<Message, ServiceError>) -> Void, result: Result<Message, ServiceError>)] = []
@@ -699,10 +697,10 @@ final class IOLoop: @unchecked Sendable {
         }
         for _ in 0..<Self.receiveBudget {
             switch dealer.socket.receive(into: &frames, scratch: scratch) {
-            case .empty: return true
+            case .empty: return
             case .failed(let code):
                 logger.warning("Receiving a reply failed", metadata: ["error": "\(zmqErrorText(code))"])
-                return true
+                return
             case .message:
                 guard frames.count == 3 || frames.count == 4, frames[0].count == 8, frames[1].isEmpty else {
                     logger.debug("Unreadable reply dropped", metadata: ["endpoint": "\(endpoint)", "frames": "\(frames.count)"])
@@ -723,7 +721,6 @@ final class IOLoop: @unchecked Sendable {
                 }
             }
         }
-        return false
     }
 
     /// Fails the requests whose time is up. Returns whether it failed any (their callers may have
