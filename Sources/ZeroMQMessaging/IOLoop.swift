@@ -4,12 +4,12 @@ import Logging
 import Messaging
 import Synchronization
 
-/// The state and the `zmq_poll` loop of one ``ZeroMQBus``'s I/O thread.
+/// The state and the `poll(2)` loop of one ``ZeroMQBus``'s I/O thread.
 ///
 /// Threading: created on the caller's thread, then handed once to the dedicated I/O thread, which
 /// is the only thread that touches it afterwards. It owns the libzmq context and every socket of
 /// the bus for their whole lives. Async code reaches it only through ``CommandQueue``; results go
-/// back through continuations. Nothing here may block except `zmq_poll` itself.
+/// back through continuations. Nothing here may block except that `poll` itself.
 //
 // @unchecked Sendable: it holds raw libzmq handles and mutable tables, which is safe because after
 // the hand-over in `ZeroMQBus.init` only the I/O thread uses the instance (see above).

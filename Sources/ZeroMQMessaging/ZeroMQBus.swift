@@ -9,9 +9,9 @@ import Synchronization
 ///
 /// Threading: every method may be called from any task and none blocks a thread. Each bus runs
 /// one dedicated I/O thread (not a Swift concurrency task) that owns the libzmq context and every
-/// socket of the bus for their whole lives and waits in `zmq_poll`. Methods hand it commands
-/// through a mutex-protected queue and wake it with an eventfd; results come back through
-/// continuations. No zmq function is ever called from a Swift concurrency thread.
+/// socket of the bus for their whole lives and waits in `poll(2)` on their notification
+/// descriptors. Methods hand it commands through a mutex-protected queue and wake it with an
+/// eventfd; results come back through continuations. No zmq function is ever called from a Swift concurrency thread.
 ///
 /// Wire formats:
 /// - An event is [topic, JSON envelope, optional attachment]; subscriptions filter by topic prefix.
