@@ -157,8 +157,7 @@ public func withCheckpoints<T: Sendable>(
     guard let path else { return try await body() }
     var configuration = GRDB.Configuration()
     configuration.busyMode = .timeout(5)
-    let connection = try DatabaseQueue(path: path, configuration: configuration)
-    @Sendable func checkpoint() {
+    @Sendable func checkpoint(_ connection: DatabaseQueue, _ writer: (any DatabaseWriter)?) {
         var mode = "passive"
         do {
             // How much the log holds now (its file may be larger: SQLite reuses it in place).
@@ -195,15 +194,28 @@ public func withCheckpoints<T: Sendable>(
     let pause = DispatchTimeInterval.nanoseconds(Int(clamping: min(seconds, 86_400_000) * 1_000_000_000 + attoseconds / 1_000_000_000))
     let stop = DispatchSemaphore(value: 0)
     let (finished, done) = AsyncStream.makeStream(of: Void.self)
+    // Handed to the thread and taken back from it when it is done: the thread object (and its
+    // closure) may outlive this function, and must not keep the connections open. A database
+    // still open when the service is started again holds its file (its last connection, when it
+    // closes, checkpoints and removes the log under an exclusive lock).
+    let databases = Mutex<(connection: DatabaseQueue, writer: (any DatabaseWriter)?)?>(
+        (try DatabaseQueue(path: path, configuration: configuration), writer))
     let thread = Thread {
+        defer { done.finish() }
         // Linux: the nice value of the calling thread only.
         _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, 19)
+        guard let (connection, writer) = databases.withLock({ $0 }) else { return }
         while stop.wait(timeout: .now() + pause) == .timedOut {
-            checkpoint()
+            checkpoint(connection, writer)
         }
-        // The last one, when `body` has returned.
-        checkpoint()
-        done.finish()
+        // The last one, when `body` has returned; then the connection closes here and now.
+        checkpoint(connection, writer)
+        do {
+            try connection.close()
+        } catch {
+            logger.warning("closing the checkpointer's connection to \(path) failed: \(error)")
+        }
+        databases.withLock { $0 = nil }
     }
     thread.name = "checkpointer"
     thread.start()

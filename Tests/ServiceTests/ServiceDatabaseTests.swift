@@ -64,6 +64,31 @@ struct ServiceDatabaseTests {
         }
     }
 
+    @Test("when the checkpointer stops, its connection is closed: the next process finds the file free")
+    func checkpointerLetsGo() async throws {
+        try await withTemporaryDirectory { directory in
+            let path = "\(directory)/free.sqlite"
+            do {
+                let writer = try ServiceDatabase.open(path: path)
+                try await withCheckpoints(path: path, writer: writer, every: .milliseconds(5), logger: quietLogger) {
+                    for value in 0..<20 {
+                        try await writer.write { db in
+                            try db.execute(sql: "CREATE TABLE IF NOT EXISTS t (x)")
+                            try db.execute(sql: "INSERT INTO t VALUES (?)", arguments: [value])
+                        }
+                    }
+                }
+                try writer.close()
+            }
+            // Leaving WAL mode needs the only connection to the file: no busy timeout, so any
+            // connection left open would make this fail at once.
+            let alone = try DatabaseQueue(path: path)
+            let mode = try await alone.writeWithoutTransaction { try String.fetchOne($0, sql: "PRAGMA journal_mode = DELETE") }
+            #expect(mode == "delete")
+            #expect(try await alone.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM t") } == 20)
+        }
+    }
+
     @Test("writeTransaction commits what its body wrote, and rolls all of it back when the body throws")
     func writeTransaction() throws {
         struct Refused: Error {}
