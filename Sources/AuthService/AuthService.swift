@@ -129,6 +129,7 @@ public struct AuthService: Service {
             try AuthStore.migrator.migrate(database)
             return database
         }
+        defer { ServiceDatabase.close(database, logger: logger) }
         let publisher = try await bus.publisher(at: configuration.events)
         defer { publisher.close() }
         logger.info("auth publishes events at \(configuration.events)")

@@ -89,7 +89,10 @@ public struct OnboardingOrchestrator: Service {
         self.database = try OrchestratorStore.openDatabase(path: configuration.databasePath)
     }
 
+    /// Answers requests and follows events until graceful shutdown or cancellation, then closes
+    /// the database: run an orchestrator once.
     public func run() async throws {
+        defer { ServiceDatabase.close(database, logger: logger) }
         try await withCheckpoints(path: configuration.databasePath, writer: database, logger: logger) {
             try await withEventRetention(configuration.retention, database: database, logger: logger) {
                 try await serve()

@@ -93,6 +93,7 @@ public struct ProfileService: Service {
     public func run() async throws {
         let path = configuration.databasePath
         let writer = try await ServiceDatabase.offPool { try ProfileStore.openDatabase(path: path) }
+        defer { ServiceDatabase.close(writer, logger: logger) }
         let publisher = try await bus.publisher(at: configuration.events)
         defer { publisher.close() }
         logger.info("profile publishes events at \(configuration.events)")

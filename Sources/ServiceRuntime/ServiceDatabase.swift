@@ -3,6 +3,7 @@ import GRDB
 import Logging
 import Messaging
 import OnboardingAPI
+import Synchronization
 
 /// Opening the SQLite database a service keeps its state in.
 public enum ServiceDatabase {
@@ -43,6 +44,22 @@ public enum ServiceDatabase {
         return try DatabasePool(path: path, configuration: configuration)
     }
 
+    /// Closes a service's database when the service stops, so that its files are released
+    /// then and there rather than whenever the last reference to it goes (a request handler
+    /// left registered on a bus, say). A database closed late can hold its file when the
+    /// service is started again in the same process: its last connection checkpoints and
+    /// removes the log under an exclusive lock while the new one opens it.
+    ///
+    /// After this, the database refuses every access (`SQLITE_MISUSE`). A failure is logged:
+    /// SQLite then closes the database when its last reference is released.
+    public static func close(_ database: any DatabaseWriter, logger: Logger) {
+        do {
+            try database.close()
+        } catch {
+            logger.warning("closing the database at \(database.path) failed: \(error); it closes when nothing uses it any more")
+        }
+    }
+
     /// Runs `work` (opening and migrating a database: file I/O and fsyncs that can take a while
     /// on a busy disk) on a thread of its own and waits for it without blocking a thread of
     /// Swift's cooperative pool, which the rest of the process needs meanwhile.
@@ -62,7 +79,7 @@ public enum ServiceDatabase {
     static func restrictToOwner(databaseAt path: String) throws {
         let descriptor = Foundation.open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, fileMode)
         if descriptor >= 0 {
-            close(descriptor)
+            Foundation.close(descriptor)
         } else if errno != EEXIST {
             throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
         }
@@ -138,11 +155,16 @@ public func withStore<T: Sendable>(
 /// on its bus's thread, which must not stop for seconds).
 /// `path` `nil` (an in-memory database) runs `body` alone.
 ///
+/// The checkpointer's thread runs at the lowest priority (nice 19): on a machine with few cores
+/// its bursts of copying wait for the threads that answer requests instead of delaying them.
+/// What it does on the writer's connection runs on the writer's queue, at the writer's priority.
+///
 /// The defaults were chosen with `./compose/onboarding bench sign-in --rate 1000` (p99): a
 /// checkpoint's disk sync holds the writer's next write to the log for a while (the file
 /// system's journal), so small checkpoints often (every 50 ms) stall it less than large ones
 /// rarely (200 ms: p99 2.3–2.7 ms; 50 ms: 1.5–1.9 ms); a log started over every 64 MiB beat both
 /// 4 MiB and 16 MiB (more tail checkpoints on the writer) and 256 MiB (a log that keeps growing).
+/// The lower priority took p99 from 1.6–2.0 ms to 1.1–1.5 ms on most runs.
 public func withCheckpoints<T: Sendable>(
     path: String?, writer: (any DatabaseWriter)? = nil, every interval: Duration = .milliseconds(50),
     restartAfter: Int = 64 * 1024 * 1024, walLimit: Int = 64 * 1024 * 1024, logger: Logger,
@@ -151,42 +173,77 @@ public func withCheckpoints<T: Sendable>(
     guard let path else { return try await body() }
     var configuration = GRDB.Configuration()
     configuration.busyMode = .timeout(5)
-    let connection = try DatabaseQueue(path: path, configuration: configuration)
-    @Sendable func checkpoint() async {
+    @Sendable func checkpoint(_ connection: DatabaseQueue, _ writer: (any DatabaseWriter)?) {
         var mode = "passive"
         do {
             // How much the log holds now (its file may be larger: SQLite reuses it in place).
-            let size = try await connection.writeWithoutTransaction { db in
+            let size = try connection.writeWithoutTransaction { db in
                 let frames = try db.checkpoint(.passive).walFrameCount
                 let pageSize = try Int.fetchOne(db, sql: "PRAGMA page_size") ?? 4096
                 return max(0, frames) * (pageSize + 24)
             }
             if let writer, size > restartAfter {
                 // The tail, between two of the writer's transactions: the log starts over next.
+                // On the writer's own queue, at its priority: run from this low-priority thread,
+                // it would hold the writer back for as long as this thread waits for a core.
                 mode = "passive, on the writer's connection"
-                _ = try await writer.writeWithoutTransaction { try $0.checkpoint(.passive) }
+                let finished = DispatchSemaphore(value: 0)
+                let failure = Mutex<(any Error)?>(nil)
+                writer.asyncWriteWithoutTransaction { db in
+                    do { _ = try db.checkpoint(.passive) } catch { failure.withLock { $0 = error } }
+                    finished.signal()
+                }
+                finished.wait()
+                if let error = failure.withLock({ $0 }) { throw error }
             }
             if writer == nil, size > walLimit {
                 mode = "truncate"
                 logger.warning(
                     "the write-ahead log of \(path) is \(size / 1_048_576) MiB; truncating it holds writers back until it is done")
-                _ = try await connection.writeWithoutTransaction { try $0.checkpoint(.truncate) }
+                _ = try connection.writeWithoutTransaction { try $0.checkpoint(.truncate) }
             }
-        } catch is CancellationError {
-            // Stopping: SQLite checkpoints once more when the last connection closes.
         } catch {
             logger.warning("checkpoint (\(mode)) of \(path) failed: \(error); the write-ahead log grows until a later one succeeds")
         }
     }
-    return try await withThrowingTaskGroup(of: Void.self) { group in
-        group.addTask {
-            while (try? await Task.sleep(for: interval)) != nil {
-                await checkpoint()
+    let (seconds, attoseconds) = interval.components
+    let pause = DispatchTimeInterval.nanoseconds(Int(clamping: min(seconds, 86_400_000) * 1_000_000_000 + attoseconds / 1_000_000_000))
+    let stop = DispatchSemaphore(value: 0)
+    let connection = try DatabaseQueue(path: path, configuration: configuration)
+    // Waited for with a continuation, which cancellation does not end: the service is stopping
+    // because its task was cancelled, and must not go on before the checkpointer's connection
+    // is closed (an `AsyncStream` would end at once). A connection still open when the service
+    // is started again in the same process holds the file, and keeps the service's own closed
+    // connections' descriptors open with it (SQLite keeps them while another connection of the
+    // process holds a lock on the file).
+    async let stopped: Void = withCheckedContinuation { (finished: CheckedContinuation<Void, Never>) in
+        let thread = Thread {
+            // Linux: the nice value of the calling thread only.
+            _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, 19)
+            while stop.wait(timeout: .now() + pause) == .timedOut {
+                checkpoint(connection, writer)
             }
+            // The last one, when `body` has returned; then the connection closes here and now.
+            checkpoint(connection, writer)
+            do {
+                try connection.close()
+            } catch {
+                logger.warning("closing the checkpointer's connection to \(path) failed: \(error)")
+            }
+            finished.resume()
         }
-        let result = try await body()
-        group.cancelAll()
-        await checkpoint()
-        return result
+        thread.name = "checkpointer"
+        thread.start()
     }
+    let result: T
+    do {
+        result = try await body()
+    } catch {
+        stop.signal()
+        await stopped
+        throw error
+    }
+    stop.signal()
+    await stopped
+    return result
 }
