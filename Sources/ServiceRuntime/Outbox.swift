@@ -27,8 +27,7 @@ public final class Outbox: Sendable {
     private struct Unpublished {
         var messages: [OutgoingMessage] = []
         var observing = false
-        /// The next sequence number, once read: kept from one committed transaction to the
-        /// next (only this outbox writes the table), forgotten when one rolls back.
+        /// The next sequence number in the transaction under way, once its first event has read it.
         var next: UInt64?
     }
 
@@ -84,12 +83,12 @@ public final class Outbox: Sendable {
     ) throws -> UInt64 {
         let topic = topic ?? Event.type
         let time = time ?? Timestamp.now()
-        // The next number, known before the insert (one writer at a time), so the row is
-        // written once with its final envelope: one above the largest number ever used, pruned
-        // rows included (``lastSequence(in:)``). It is read by the first transaction and after a
-        // rollback; later events count on from it. A service has one outbox per
-        // database, so the number it counts on is free; should another writer have taken it,
-        // the insert fails on the primary key and the number is read again.
+        // The next number, known before the insert, so the row is written once with its final
+        // envelope: one above the largest number ever used, pruned rows included
+        // (``lastSequence(in:)``). The transaction's first event reads it (a seek to each
+        // table's last row); later events of the same transaction count on from it, as nobody
+        // else can write meanwhile. It is not kept from one transaction to the next: another
+        // writer, or pruning, may have moved it in between.
         func insert(_ sequence: UInt64) throws -> Data {
             let header = EnvelopeHeader(
                 type: Event.type, source: source, sequence: sequence, time: time, correlationId: correlationId, uid: uid)
@@ -104,20 +103,8 @@ public final class Outbox: Sendable {
             }
             return body
         }
-        var sequence: UInt64
-        let body: Data
-        if let known = unpublished.withLock({ $0.next }) {
-            do {
-                sequence = known
-                body = try insert(sequence)
-            } catch let error as DatabaseError where error.extendedResultCode == .SQLITE_CONSTRAINT_PRIMARYKEY {
-                sequence = try Self.lastSequence(in: db) + 1
-                body = try insert(sequence)
-            }
-        } else {
-            sequence = try Self.lastSequence(in: db) + 1
-            body = try insert(sequence)
-        }
+        let sequence = try unpublished.withLock({ $0.next }) ?? Self.lastSequence(in: db) + 1
+        let body = try insert(sequence)
         let firstOfTransaction = unpublished.withLock { unpublished in
             unpublished.messages.append(OutgoingMessage(topic: topic, body: body))
             unpublished.next = sequence + 1
@@ -128,20 +115,19 @@ public final class Outbox: Sendable {
             db.afterNextTransaction(
                 onCommit: { [self] _ in
                     // Publishing only queues each message for the bus's I/O thread; it never blocks.
-                    for message in takeUnpublished(committed: true) { try? publisher.publish(message) }
+                    for message in takeUnpublished() { try? publisher.publish(message) }
                 },
-                onRollback: { [self] _ in _ = takeUnpublished(committed: false) })
+                onRollback: { [self] _ in _ = takeUnpublished() })
         }
         return sequence
     }
 }
 
 extension Outbox {
-    /// The events of the transaction that just ended; the next sequence number is kept only
-    /// when it committed.
-    private func takeUnpublished(committed: Bool) -> [OutgoingMessage] {
+    /// The events of the transaction that just ended; what they were numbered is forgotten.
+    private func takeUnpublished() -> [OutgoingMessage] {
         unpublished.withLock { unpublished in
-            defer { unpublished = Unpublished(next: committed ? unpublished.next : nil) }
+            defer { unpublished = Unpublished() }
             return unpublished.messages
         }
     }
