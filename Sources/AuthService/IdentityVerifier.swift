@@ -56,20 +56,22 @@ extension ImmediateIdentityVerifier {
 /// Local development only: trusts the subject as sent, with or without an ID token.
 ///
 /// The subject is trimmed of surrounding white space and must then be 1 to
-/// ``maximumSubjectLength`` characters long. Never use this in production: anyone can sign in
-/// as anyone.
+/// ``maximumSubjectLength`` characters long, with no control character (a NUL, a tab, a line
+/// break inside it). Never use this in production: anyone can sign in as anyone.
 public struct DevModeIdentityVerifier: ImmediateIdentityVerifier {
     public static let maximumSubjectLength = 256
 
     public init() {}
 
     /// - Returns: the trimmed subject.
-    /// - Throws: ``ServiceError`` `invalidRequest` when the subject is empty or too long.
+    /// - Throws: ``ServiceError`` `invalidRequest` when the subject is empty, too long, or holds a
+    ///   control character.
     public func verifyNow(_ request: SignIn) throws -> String {
         let subject = request.subject
         // The usual subject (printable ASCII at both ends, short) needs no Unicode work.
         if let first = subject.utf8.first, let last = subject.utf8.last, Self.isPrintableASCII(first),
-            Self.isPrintableASCII(last), subject.utf8.count <= Self.maximumSubjectLength
+            Self.isPrintableASCII(last), subject.utf8.count <= Self.maximumSubjectLength,
+            !subject.utf8.contains(where: Self.isControl)
         {
             return subject
         }
@@ -82,12 +84,18 @@ public struct DevModeIdentityVerifier: ImmediateIdentityVerifier {
                 .invalidRequest,
                 "Field 'subject' has \(trimmed.count) characters; at most \(Self.maximumSubjectLength) are accepted.")
         }
+        if let control = trimmed.unicodeScalars.first(where: { $0.properties.generalCategory == .control }) {
+            throw ServiceError(
+                .invalidRequest,
+                "Field 'subject' contains the control character U+\(String(format: "%04X", control.value)); send the provider account's id as printable text.")
+        }
         return trimmed
     }
 }
 
 extension DevModeIdentityVerifier {
     private static func isPrintableASCII(_ byte: UInt8) -> Bool { byte > 0x20 && byte < 0x7F }
+    private static func isControl(_ byte: UInt8) -> Bool { byte < 0x20 || byte == 0x7F }
 }
 
 /// The real providers, as auth's ``IdentityVerifier``: the request's `idToken`, `accessToken`

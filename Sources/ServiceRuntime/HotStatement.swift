@@ -57,12 +57,12 @@ public struct HotArguments: ~Copyable {
     /// SQLite copies the bytes before the call returns (`SQLITE_TRANSIENT`).
     private static let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
 
+    /// Binds `value` as GRDB does: as a C string, so text up to a NUL character (none, in what
+    /// the services accept). Binding it whole instead once stored a text that GRDB's own
+    /// statements, which stop at the NUL, then failed to find.
     public mutating func bind(_ value: String) {
-        var value = value
-        value.withUTF8 { bytes in
-            // A non-nil pointer even for "", which SQLite would otherwise store as NULL.
-            let base = bytes.baseAddress.map { UnsafeRawPointer($0) } ?? UnsafeRawPointer(bitPattern: 1)!
-            _ = sqlite3_bind_text(handle, index, base.assumingMemoryBound(to: CChar.self), Int32(bytes.count), Self.transient)
+        value.withCString { text in
+            _ = sqlite3_bind_text(handle, index, text, -1, Self.transient)
         }
         index += 1
     }

@@ -90,6 +90,19 @@ struct AuthServiceTests {
         }
     }
 
+    @Test(
+        "a subject with a control character inside is refused, and names it",
+        arguments: ["\u{0}", "a\u{0}b", "x\u{0}", "a\tb", "line\nbreak", "del\u{7F}"])
+    func controlCharacterInSubject(subject: String) async throws {
+        try await withAuth {
+            let error = await expectError(.invalidRequest) { try await signIn(.kakao, subject) }
+            #expect(error?.message.contains("control character U+") == true, "\(String(describing: error))")
+            // Nothing half-done: the account a subject without the character names is new.
+            let plain = try await signIn(.kakao, "a")
+            #expect(plain.isNewAccount)
+        }
+    }
+
     @Test("a session token's secret is 32 random bytes in base64url without padding, after the session's id")
     func tokenFormat() async throws {
         try await withAuth {

@@ -59,6 +59,24 @@ struct HotStatementTests {
         }
     }
 
+    @Test("text with a NUL in it is bound as GRDB binds it, so GRDB's statements find what hot ones wrote")
+    func textWithNUL() throws {
+        let writer = try database()
+        try writer.writeTransaction { db in
+            try db.executeHot("INSERT INTO t (id, text) VALUES (?, ?)") {
+                $0.bind(Int64(1))
+                $0.bind("a\u{0}b")
+            }
+        }
+        // GRDB binds a String as a C string: up to the NUL.
+        let found = try writer.read { db in
+            try Int64.fetchOne(db, sql: "SELECT id FROM t WHERE text = ?", arguments: ["a\u{0}b"])
+        }
+        #expect(found == 1)
+        let stored = try writer.read { db in try String.fetchOne(db, sql: "SELECT text FROM t WHERE id = 1") }
+        #expect(stored == "a")
+    }
+
     @Test("a failing step throws SQLite's extended code, and the statement is ready for the next use")
     func failures() throws {
         let writer = try database()
