@@ -172,7 +172,7 @@ extension Outbox {
     public static func lastSequence(in db: Database) throws -> UInt64 {
         // The newest row, or (every row pruned) the newest number pruning removed.
         let sql = "SELECT max(ifnull((SELECT max(sequence) FROM outbox), 0), ifnull((SELECT sequence FROM outboxFloor), 0))"
-        return UInt64(clamping: try Int64.fetchOne(db.cachedStatement(sql: sql)) ?? 0)
+        return UInt64(clamping: try db.fetchOneHot(sql, { _ in }, read: { $0.int64(0) }) ?? 0)
     }
 }
 
