@@ -129,22 +129,23 @@ public struct AuthService: Service {
             try AuthStore.migrator.migrate(database)
             return database
         }
-        defer { ServiceDatabase.close(database, logger: logger) }
-        let publisher = try await bus.publisher(at: configuration.events)
-        defer { publisher.close() }
-        logger.info("auth publishes events at \(configuration.events)")
-        let store = AuthStore(database: database, outbox: Outbox(source: ServiceName.auth, publisher: publisher), logger: logger,
-            clock: configuration.clock, sessions: configuration.sessions)
-        let unlink = UnlinkWorker(configuration: configuration.unlink, store: store, logger: logger)
-        let server = RequestServer(
-            bus: bus, endpoint: configuration.rpc,
-            dispatcher: Self.dispatcher(
-                store: store, identities: identities, serviceToken: configuration.serviceToken, logger: logger,
-                unlink: unlink),
-            logger: logger)
-        try await withEventRetention(configuration.eventRetention, database: database, logger: logger) {
-            try await withCheckpoints(path: configuration.databasePath, writer: database, logger: logger) {
-                try await unlink.running { try await server.run() }
+        try await ServiceDatabase.closing(database, logger: logger) {
+            let publisher = try await bus.publisher(at: configuration.events)
+            defer { publisher.close() }
+            logger.info("auth publishes events at \(configuration.events)")
+            let store = AuthStore(database: database, outbox: Outbox(source: ServiceName.auth, publisher: publisher), logger: logger,
+                clock: configuration.clock, sessions: configuration.sessions)
+            let unlink = UnlinkWorker(configuration: configuration.unlink, store: store, logger: logger)
+            let server = RequestServer(
+                bus: bus, endpoint: configuration.rpc,
+                dispatcher: Self.dispatcher(
+                    store: store, identities: identities, serviceToken: configuration.serviceToken, logger: logger,
+                    unlink: unlink),
+                logger: logger)
+            try await withEventRetention(configuration.eventRetention, database: database, logger: logger) {
+                try await withCheckpoints(path: configuration.databasePath, writer: database, logger: logger) {
+                    try await unlink.running { try await server.run() }
+                }
             }
         }
     }

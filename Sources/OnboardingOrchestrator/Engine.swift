@@ -130,6 +130,16 @@ final class Engine: Sendable {
         for answer in waiting { answer(.failure(Self.stopping)) }
     }
 
+    /// Returns once what was queued for the bus's thread before this call has been carried out
+    /// there (jobs run in turn), or at once when the bus has shut down. Call it after
+    /// ``stopTakingInputs()``, before the database closes.
+    func finishQueued() async {
+        let bus = self.bus
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            if !bus.perform(onLoop: { done.resume() }) { done.resume() }
+        }
+    }
+
     /// Reads the events the engine handles in one pass, payload included.
     static let eventReader: EnvelopeReader = {
         var reader = EnvelopeReader()

@@ -92,10 +92,11 @@ public struct OnboardingOrchestrator: Service {
     /// Answers requests and follows events until graceful shutdown or cancellation, then closes
     /// the database: run an orchestrator once.
     public func run() async throws {
-        defer { ServiceDatabase.close(database, logger: logger) }
-        try await withCheckpoints(path: configuration.databasePath, writer: database, logger: logger) {
-            try await withEventRetention(configuration.retention, database: database, logger: logger) {
-                try await serve()
+        try await ServiceDatabase.closing(database, logger: logger) {
+            try await withCheckpoints(path: configuration.databasePath, writer: database, logger: logger) {
+                try await withEventRetention(configuration.retention, database: database, logger: logger) {
+                    try await serve()
+                }
             }
         }
     }
@@ -131,29 +132,40 @@ public struct OnboardingOrchestrator: Service {
                 queueLimit: 16),
             dispatcher: dispatcher, logger: logger, maxInFlight: 32)
 
-        try await withThrowingDiscardingTaskGroup { group in
-            // However this ends (a failure to start included), the engine takes no more inputs;
-            // what it has queued commits on the bus's thread, which outlives this.
-            defer { engine.stopTakingInputs() }
-            group.addTask { await Self.perform(work, atMost: Self.maximumConcurrentWork) }
-            try await engine.resumeUnfinishedWork()
-            for (name, feed) in feeds {
-                group.addTask {
-                    await feed.run(
-                        after: cursors[name] ?? 0, reader: Engine.eventReader,
-                        onLoop: { events, through in try engine.handleOnLoop(events, from: name, through: through) }
-                    ) { events, through in
-                        try await engine.handle(events, from: name, through: through)
+        let outcome: Result<Void, any Error>
+        do {
+            try await withThrowingDiscardingTaskGroup { group in
+                // However this ends (a failure to start included), the engine takes no more inputs.
+                defer { engine.stopTakingInputs() }
+                group.addTask { await Self.perform(work, atMost: Self.maximumConcurrentWork) }
+                try await engine.resumeUnfinishedWork()
+                for (name, feed) in feeds {
+                    group.addTask {
+                        await feed.run(
+                            after: cursors[name] ?? 0, reader: Engine.eventReader,
+                            onLoop: { events, through in try engine.handleOnLoop(events, from: name, through: through) }
+                        ) { events, through in
+                            try await engine.handle(events, from: name, through: through)
+                        }
                     }
                 }
+                group.addTask { await engine.settleSetUps() }
+                // Returns on graceful shutdown once every request in flight has been answered, with
+                // the feeds and the work queue still running to answer them.
+                try await server.run()
+                workQueue.finish()
+                group.cancelAll()
             }
-            group.addTask { await engine.settleSetUps() }
-            // Returns on graceful shutdown once every request in flight has been answered, with
-            // the feeds and the work queue still running to answer them.
-            try await server.run()
-            workQueue.finish()
-            group.cancelAll()
+            outcome = .success(())
+        } catch {
+            outcome = .failure(error)
         }
+        // What the engine accepted before it stopped taking inputs commits on the bus's thread,
+        // behind the jobs queued there: wait for that before the publisher closes (its route
+        // intents still go out) and `run` closes the database (a queued commit would find it
+        // closed, and the decision would wait for the next start).
+        await engine.finishQueued()
+        try outcome.get()
     }
 }
 

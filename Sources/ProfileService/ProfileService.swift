@@ -93,26 +93,27 @@ public struct ProfileService: Service {
     public func run() async throws {
         let path = configuration.databasePath
         let writer = try await ServiceDatabase.offPool { try ProfileStore.openDatabase(path: path) }
-        defer { ServiceDatabase.close(writer, logger: logger) }
-        let publisher = try await bus.publisher(at: configuration.events)
-        defer { publisher.close() }
-        logger.info("profile publishes events at \(configuration.events)")
+        try await ServiceDatabase.closing(writer, logger: logger) {
+            let publisher = try await bus.publisher(at: configuration.events)
+            defer { publisher.close() }
+            logger.info("profile publishes events at \(configuration.events)")
 
-        let cache = ProfileCache(capacity: configuration.cacheCapacity)
-        let store = ProfileStore(
-            writer: writer,
-            outbox: Outbox(source: ServiceName.profile, publisher: publisher),
-            logger: logger,
-            afterCommit: { uid, profile, sequence in
-                if let profile { cache.store(profile, sequence: sequence) } else { cache.remove(uid) }
-            })
-        let requests = ProfileRequests(store: store, cache: cache)
-        let server = RequestServer(
-            bus: bus, endpoint: configuration.rpc, limits: Self.rpcLimits,
-            dispatcher: requests.dispatcher(sessions: sessions, serviceToken: configuration.serviceToken, logger: logger), logger: logger)
-        try await withEventRetention(configuration.eventRetention, database: writer, logger: logger) {
-            try await withCheckpoints(path: configuration.databasePath, writer: writer, logger: logger) {
-                try await server.run()
+            let cache = ProfileCache(capacity: configuration.cacheCapacity)
+            let store = ProfileStore(
+                writer: writer,
+                outbox: Outbox(source: ServiceName.profile, publisher: publisher),
+                logger: logger,
+                afterCommit: { uid, profile, sequence in
+                    if let profile { cache.store(profile, sequence: sequence) } else { cache.remove(uid) }
+                })
+            let requests = ProfileRequests(store: store, cache: cache)
+            let server = RequestServer(
+                bus: bus, endpoint: configuration.rpc, limits: Self.rpcLimits,
+                dispatcher: requests.dispatcher(sessions: sessions, serviceToken: configuration.serviceToken, logger: logger), logger: logger)
+            try await withEventRetention(configuration.eventRetention, database: writer, logger: logger) {
+                try await withCheckpoints(path: configuration.databasePath, writer: writer, logger: logger) {
+                    try await server.run()
+                }
             }
         }
     }

@@ -50,14 +50,32 @@ public enum ServiceDatabase {
     /// service is started again in the same process: its last connection checkpoints and
     /// removes the log under an exclusive lock while the new one opens it.
     ///
-    /// After this, the database refuses every access (`SQLITE_MISUSE`). A failure is logged:
-    /// SQLite then closes the database when its last reference is released.
-    public static func close(_ database: any DatabaseWriter, logger: Logger) {
+    /// Call it once nothing will use the database any more: most accesses after it fail
+    /// (`SQLITE_MISUSE`), and some of GRDB's (`totalChangesCount`) are not checked at all. A
+    /// failure to close is logged: SQLite then closes the database when its last reference is
+    /// released.
+    public static func close(_ database: any DatabaseWriter, logger: Logger) async {
         do {
-            try database.close()
+            // Closing waits for the writer and the readers and checkpoints the log: off the
+            // cooperative pool, as opening is.
+            try await offPool { try database.close() }
         } catch {
             logger.warning("closing the database at \(database.path) failed: \(error); it closes when nothing uses it any more")
         }
+    }
+
+    /// Runs `body`, then closes `database` (``close(_:logger:)``) however `body` ended.
+    public static func closing<T>(
+        _ database: any DatabaseWriter, logger: Logger, _ body: () async throws -> T
+    ) async throws -> T {
+        let outcome: Result<T, any Error>
+        do {
+            outcome = .success(try await body())
+        } catch {
+            outcome = .failure(error)
+        }
+        await close(database, logger: logger)
+        return try outcome.get()
     }
 
     /// Runs `work` (opening and migrating a database: file I/O and fsyncs that can take a while
@@ -106,19 +124,33 @@ extension DatabaseWriter {
     ///
     /// When `body` throws, or the commit fails, the transaction is rolled back and the error
     /// rethrown; transaction observers (`afterNextTransaction`) see the commit or the rollback
-    /// as they do with `write(_:)`.
+    /// as they do with `write(_:)`, and also see a rollback SQLite made by itself.
     public func writeTransaction<T>(_ body: (Database) throws -> T) throws -> T {
-        try writeWithoutTransaction { db in
-            try db.cachedStatement(sql: "BEGIN IMMEDIATE TRANSACTION").execute()
-            do {
-                let result = try body(db)
-                try db.cachedStatement(sql: "COMMIT TRANSACTION").execute()
-                return result
-            } catch {
-                // SQLite may have rolled back already (a full disk, say); ROLLBACK is then skipped.
-                if db.isInsideTransaction { try? db.rollback() }
-                throw error
+        try writeWithoutTransaction { db in try db.serviceTransaction(body) }
+    }
+}
+
+extension Database {
+    /// The transaction of ``GRDB/DatabaseWriter/writeTransaction(_:)``, on this connection
+    /// (from a task: `try await writer.writeWithoutTransaction { try $0.serviceTransaction(body) }`).
+    public func serviceTransaction<T>(_ body: (Database) throws -> T) throws -> T {
+        try cachedStatement(sql: "BEGIN IMMEDIATE TRANSACTION").execute()
+        do {
+            let result = try body(self)
+            try cachedStatement(sql: "COMMIT TRANSACTION").execute()
+            return result
+        } catch {
+            if isInsideTransaction {
+                try? rollback()
+            } else {
+                // SQLite rolled the transaction back by itself (an interrupt, a full disk, an
+                // I/O error), and GRDB does not tell the transaction's observers then: an
+                // empty transaction rolled back does, so that the outbox, for one, forgets
+                // the events it recorded instead of publishing them with the next commit.
+                try? execute(sql: "BEGIN DEFERRED TRANSACTION")
+                try? rollback()
             }
+            throw error
         }
     }
 }
@@ -132,7 +164,8 @@ public func withStore<T: Sendable>(
     _ body: @escaping @Sendable (Database) throws -> T
 ) async throws -> T {
     do {
-        return write ? try await writer.write(body) : try await writer.read(body)
+        return write
+            ? try await writer.writeWithoutTransaction { try $0.serviceTransaction(body) } : try await writer.read(body)
     } catch let error as ServiceError {
         throw error
     } catch {
