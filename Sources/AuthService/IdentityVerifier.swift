@@ -68,10 +68,10 @@ public struct DevModeIdentityVerifier: ImmediateIdentityVerifier {
     ///   control character.
     public func verifyNow(_ request: SignIn) throws -> String {
         let subject = request.subject
-        // The usual subject (printable ASCII at both ends, short) needs no Unicode work.
-        if let first = subject.utf8.first, let last = subject.utf8.last, Self.isPrintableASCII(first),
-            Self.isPrintableASCII(last), subject.utf8.count <= Self.maximumSubjectLength,
-            !subject.utf8.contains(where: Self.isControl)
+        // The usual subject (printable ASCII throughout, no space at either end, short) needs no
+        // Unicode work; anything else (a C1 control such as U+0085 included) is checked below.
+        if let first = subject.utf8.first, let last = subject.utf8.last, first != 0x20, last != 0x20,
+            subject.utf8.count <= Self.maximumSubjectLength, subject.utf8.allSatisfy(Self.isPrintableASCII)
         {
             return subject
         }
@@ -94,8 +94,7 @@ public struct DevModeIdentityVerifier: ImmediateIdentityVerifier {
 }
 
 extension DevModeIdentityVerifier {
-    private static func isPrintableASCII(_ byte: UInt8) -> Bool { byte > 0x20 && byte < 0x7F }
-    private static func isControl(_ byte: UInt8) -> Bool { byte < 0x20 || byte == 0x7F }
+    private static func isPrintableASCII(_ byte: UInt8) -> Bool { byte >= 0x20 && byte < 0x7F }
 }
 
 /// The real providers, as auth's ``IdentityVerifier``: the request's `idToken`, `accessToken`

@@ -92,7 +92,7 @@ struct AuthServiceTests {
 
     @Test(
         "a subject with a control character inside is refused, and names it",
-        arguments: ["\u{0}", "a\u{0}b", "x\u{0}", "a\tb", "line\nbreak", "del\u{7F}"])
+        arguments: ["\u{0}", "a\u{0}b", "x\u{0}", "a\tb", "line\nbreak", "del\u{7F}", "a\u{85}b", "c1\u{9F}end"])
     func controlCharacterInSubject(subject: String) async throws {
         try await withAuth {
             let error = await expectError(.invalidRequest) { try await signIn(.kakao, subject) }
