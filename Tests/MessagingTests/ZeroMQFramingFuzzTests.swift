@@ -210,7 +210,8 @@ enum FramingModel {
 }
 
 /// Sends each case's frames from one raw DEALER socket on its own thread and context and
-/// returns each reply (`nil` when none came within 5 s; the socket is then replaced, so a late
+/// returns each reply (`nil` when none came within 30 s, a failure bound for a loaded machine: every
+/// case is answered; the socket is then replaced, so a late
 /// reply cannot be taken for the next case's). Before the first case, another socket sends a
 /// frame of `beyondCap` bytes, which the server must drop with its connection. `willSend` is
 /// told each case's index before it is sent.
@@ -271,7 +272,7 @@ private func rawDealerSessionBlocking(
             continue
         }
         var item = zmq_pollitem_t(socket: current, fd: 0, events: Int16(ZMQ_POLLIN), revents: 0)
-        guard zmq_poll(&item, 1, 5_000) == 1 else {
+        guard zmq_poll(&item, 1, 30_000) == 1 else {
             replies.append(nil)
             zmq_close(current)
             socket = open(linger: 0)
