@@ -131,8 +131,9 @@ final class Engine: Sendable {
     }
 
     /// Returns once what was queued for the bus's thread before this call has been carried out
-    /// there (jobs run in turn), or at once when the bus has shut down. Call it after
-    /// ``stopTakingInputs()``, before the database closes.
+    /// there (jobs run in turn), or at once when the bus takes no more jobs (it is shutting down:
+    /// on a graceful stop the bus stops after the services, so only a cancelled one gets here
+    /// early). Call it after ``stopTakingInputs()``, before the database closes.
     func finishQueued() async {
         let bus = self.bus
         await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in

@@ -296,8 +296,7 @@ public struct ProfileStore: Sendable {
         async throws(ServiceError) -> T
     {
         do {
-            return write
-                ? try await writer.writeWithoutTransaction { try $0.serviceTransaction(body) } : try await writer.read(body)
+            return write ? try await writer.writeTransactionToCompletion(body) : try await writer.read(body)
         } catch let error as ServiceError {
             throw error
         } catch {

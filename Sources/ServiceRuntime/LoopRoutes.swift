@@ -265,7 +265,12 @@ extension RequestDispatcher {
                     let changes = db.totalChangesCount
                     do {
                         return try job.route.run(job.payload, job.context, db, job.raw)
-                    } catch let refusal as ServiceError where db.totalChangesCount == changes {
+                    } catch let refusal as ServiceError
+                        where db.totalChangesCount == changes && (!writes || db.isInsideTransaction)
+                    {
+                        // Refused before it wrote anything, and the batch's transaction is still
+                        // open (SQLite had not rolled it back over a failed statement): answer
+                        // this request alone and go on with the rest.
                         return job.context.message.errorReply(refusal, source: source)
                     }
                 }

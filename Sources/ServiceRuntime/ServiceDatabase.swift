@@ -84,7 +84,7 @@ public enum ServiceDatabase {
     public static func offPool<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
         try await withCheckedThrowingContinuation { continuation in
             let thread = Thread { continuation.resume(with: Result { try work() }) }
-            thread.name = "database-open"
+            thread.name = "database"
             thread.start()
         }
     }
@@ -128,11 +128,20 @@ extension DatabaseWriter {
     public func writeTransaction<T>(_ body: (Database) throws -> T) throws -> T {
         try writeWithoutTransaction { db in try db.serviceTransaction(body) }
     }
+
+    /// ``writeTransaction(_:)`` from a task, run to its end even when the task is cancelled.
+    ///
+    /// GRDB interrupts the statement of a cancelled task's access, and SQLite then rolls the
+    /// whole transaction back in a way that leaves its observers untold and the database
+    /// refusing statements until the access ends: the outbox would publish the lost events with
+    /// the next commit. A write a task has started is short; it commits or rolls back whole.
+    public func writeTransactionToCompletion<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        try await Task { try await writeWithoutTransaction { db in try db.serviceTransaction(body) } }.value
+    }
 }
 
 extension Database {
-    /// The transaction of ``GRDB/DatabaseWriter/writeTransaction(_:)``, on this connection
-    /// (from a task: `try await writer.writeWithoutTransaction { try $0.serviceTransaction(body) }`).
+    /// The transaction of ``GRDB/DatabaseWriter/writeTransaction(_:)``, on this connection.
     public func serviceTransaction<T>(_ body: (Database) throws -> T) throws -> T {
         try cachedStatement(sql: "BEGIN IMMEDIATE TRANSACTION").execute()
         do {
@@ -164,8 +173,7 @@ public func withStore<T: Sendable>(
     _ body: @escaping @Sendable (Database) throws -> T
 ) async throws -> T {
     do {
-        return write
-            ? try await writer.writeWithoutTransaction { try $0.serviceTransaction(body) } : try await writer.read(body)
+        return write ? try await writer.writeTransactionToCompletion(body) : try await writer.read(body)
     } catch let error as ServiceError {
         throw error
     } catch {

@@ -12,16 +12,6 @@ import Testing
 /// with the next commit and number that commit's events after them.
 @Suite("A transaction SQLite rolled back by itself")
 struct AbortedTransactionTests {
-    final class RecordingPublisher: EventPublisher {
-        let endpoint: Endpoint = "inproc://aborted"
-        let sequences = Mutex<[UInt64]>([])
-        func publish(_ message: OutgoingMessage) throws {
-            let header = try JSONDecoder().decode(Envelope<SignedOut>.self, from: message.body).header
-            sequences.withLock { $0.append(header.sequence) }
-        }
-        func close() {}
-    }
-
     enum Way: String, CaseIterable, Sendable {
         case grdbStatement, hotStatement, fromTask
     }
@@ -44,7 +34,7 @@ struct AbortedTransactionTests {
                 return 1
             })
         }
-        let published = RecordingPublisher()
+        let published = OutboxNumberingTests.RecordingPublisher()
         let outbox = Outbox(source: "aborted", publisher: published)
 
         switch way {
@@ -76,6 +66,47 @@ struct AbortedTransactionTests {
         #expect(sequence == 1)
         #expect(published.sequences.withLock { $0 } == [1])
         #expect(try await database.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM outbox") } == 1)
+        try database.close()
+    }
+
+    @Test("a write whose task is cancelled halfway commits whole, and only what committed is published")
+    func cancelledWrite() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cancelled-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let database = try ServiceDatabase.open(path: directory.appendingPathComponent("t.sqlite").path)
+        var migrator = DatabaseMigrator()
+        Outbox.registerMigration(in: &migrator)
+        migrator.registerMigration("t") { try $0.execute(sql: "CREATE TABLE t (x INTEGER)") }
+        try migrator.migrate(database)
+        // A function that cancels the task whose write calls it (GRDB then interrupts a cancelled
+        // task's statement, and SQLite rolls the transaction back).
+        let writer = Mutex<Task<Void, any Error>?>(nil)
+        try await database.write { db in
+            db.add(function: DatabaseFunction("cancel_writer", argumentCount: 0, pure: false) { _ in
+                writer.withLock { $0?.cancel() }
+                return 1
+            })
+        }
+        let published = OutboxNumberingTests.RecordingPublisher()
+        let outbox = Outbox(source: "cancelled", publisher: published)
+
+        writer.withLock { task in
+            task = Task {
+                _ = try await withStore(database) { db in
+                    _ = try outbox.append(SignedOut(uid: "first"), uid: "first", in: db)
+                    try db.execute(sql: "INSERT INTO t (x) SELECT cancel_writer()")
+                    try db.execute(sql: "INSERT INTO t (x) VALUES (2)")
+                }
+            }
+        }
+        _ = try? await writer.withLock { $0 }?.value
+        _ = try database.writeTransaction { db in try outbox.append(SignedOut(uid: "next"), uid: "next", in: db) }
+
+        let committed = try await database.read { try UInt64.fetchAll($0, sql: "SELECT sequence FROM outbox ORDER BY sequence") }
+        #expect(committed == [1, 2])
+        #expect(published.sequences.withLock { $0 } == committed)
+        #expect(try await database.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM t") } == 2)
         try database.close()
     }
 }
