@@ -16,16 +16,22 @@ struct AbortedTransactionTests {
         case grdbStatement, hotStatement, fromTask
     }
 
-    @Test("its events are not published and their numbers are used again by the next commit", arguments: Way.allCases)
-    func abortedTransaction(way: Way) async throws {
+    /// A service database in a directory of its own, with the outbox and a table `t`.
+    static func openDatabase() throws -> (any DatabaseWriter, URL) {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("aborted-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
         let database = try ServiceDatabase.open(path: directory.appendingPathComponent("t.sqlite").path)
         var migrator = DatabaseMigrator()
         Outbox.registerMigration(in: &migrator)
         migrator.registerMigration("t") { try $0.execute(sql: "CREATE TABLE t (x INTEGER)") }
         try migrator.migrate(database)
+        return (database, directory)
+    }
+
+    @Test("its events are not published and their numbers are used again by the next commit", arguments: Way.allCases)
+    func abortedTransaction(way: Way) async throws {
+        let (database, directory) = try Self.openDatabase()
+        defer { try? FileManager.default.removeItem(at: directory) }
         // A function that interrupts the statement calling it: SQLite then rolls back the whole
         // transaction an INSERT runs in.
         try await database.write { db in
@@ -71,14 +77,8 @@ struct AbortedTransactionTests {
 
     @Test("a write whose task is cancelled halfway commits whole, and only what committed is published")
     func cancelledWrite() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cancelled-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let (database, directory) = try Self.openDatabase()
         defer { try? FileManager.default.removeItem(at: directory) }
-        let database = try ServiceDatabase.open(path: directory.appendingPathComponent("t.sqlite").path)
-        var migrator = DatabaseMigrator()
-        Outbox.registerMigration(in: &migrator)
-        migrator.registerMigration("t") { try $0.execute(sql: "CREATE TABLE t (x INTEGER)") }
-        try migrator.migrate(database)
         // A function that cancels the task whose write calls it (GRDB then interrupts a cancelled
         // task's statement, and SQLite rolls the transaction back).
         let writer = Mutex<Task<Void, any Error>?>(nil)
