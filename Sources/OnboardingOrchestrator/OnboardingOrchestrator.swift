@@ -132,8 +132,11 @@ public struct OnboardingOrchestrator: Service {
                 queueLimit: 16),
             dispatcher: dispatcher, logger: logger, maxInFlight: 32)
 
-        let outcome: Result<Void, any Error>
-        do {
+        // What the engine accepted before it stopped taking inputs commits on the bus's thread,
+        // behind the jobs queued there: wait for that before the publisher closes (its route
+        // intents still go out) and `run` closes the database (a queued commit would find it
+        // closed, and the decision would wait for the next start).
+        try await withCleanup {
             try await withThrowingDiscardingTaskGroup { group in
                 // However this ends (a failure to start included), the engine takes no more inputs.
                 defer { engine.stopTakingInputs() }
@@ -156,16 +159,9 @@ public struct OnboardingOrchestrator: Service {
                 workQueue.finish()
                 group.cancelAll()
             }
-            outcome = .success(())
-        } catch {
-            outcome = .failure(error)
+        } cleanup: {
+            await engine.finishQueued()
         }
-        // What the engine accepted before it stopped taking inputs commits on the bus's thread,
-        // behind the jobs queued there: wait for that before the publisher closes (its route
-        // intents still go out) and `run` closes the database (a queued commit would find it
-        // closed, and the decision would wait for the next start).
-        await engine.finishQueued()
-        try outcome.get()
     }
 }
 

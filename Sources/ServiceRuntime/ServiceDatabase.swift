@@ -68,14 +68,7 @@ public enum ServiceDatabase {
     public static func closing<T>(
         _ database: any DatabaseWriter, logger: Logger, _ body: () async throws -> T
     ) async throws -> T {
-        let outcome: Result<T, any Error>
-        do {
-            outcome = .success(try await body())
-        } catch {
-            outcome = .failure(error)
-        }
-        await close(database, logger: logger)
-        return try outcome.get()
+        try await withCleanup(body) { await close(database, logger: logger) }
     }
 
     /// Runs `work` (opening and migrating a database: file I/O and fsyncs that can take a while
@@ -142,7 +135,7 @@ extension DatabaseWriter {
 
 extension Database {
     /// The transaction of ``GRDB/DatabaseWriter/writeTransaction(_:)``, on this connection.
-    public func serviceTransaction<T>(_ body: (Database) throws -> T) throws -> T {
+    fileprivate func serviceTransaction<T>(_ body: (Database) throws -> T) throws -> T {
         try cachedStatement(sql: "BEGIN IMMEDIATE TRANSACTION").execute()
         do {
             let result = try body(self)
@@ -162,6 +155,19 @@ extension Database {
             throw error
         }
     }
+}
+
+/// Runs `body`, then `cleanup`, however `body` ended, and returns or rethrows what `body` did:
+/// a `defer` that can wait.
+public func withCleanup<T>(_ body: () async throws -> T, cleanup: () async -> Void) async throws -> T {
+    let outcome: Result<T, any Error>
+    do {
+        outcome = .success(try await body())
+    } catch {
+        outcome = .failure(error)
+    }
+    await cleanup()
+    return try outcome.get()
 }
 
 /// Runs `body` against the store and turns a database failure into `storeUnavailable`, so a
