@@ -11,12 +11,14 @@ import Testing
 /// rollbacks, a second writer, pruning and restarts, the numbers must stay what subscribers
 /// count on. (A number kept from one transaction to the next, as once tried, failed this: a
 /// second writer's stale number, pruned in between, was used again.)
-@Suite("Outbox numbering over random commits, rollbacks, pruning and restarts")
+@Suite("Outbox numbering over random commits, rollbacks, aborts, pruning and restarts")
 struct OutboxNumberingTests {
     /// Step kinds: 0 commit one event, 1 commit three, 2 roll back a transaction that recorded
     /// two, 3 another writer (a second outbox on the same database) commits one, 4 prune all
-    /// but the newest two events, 5 restart (a new outbox reads the numbering again).
-    static let steps = Gen.int(in: 0...5).array(of: 1...60)
+    /// but the newest two events, 5 restart (a new outbox reads the numbering again), 6 a
+    /// transaction that recorded two and that SQLite then rolls back by itself (an interrupted
+    /// INSERT).
+    static let steps = Gen.int(in: 0...6).array(of: 1...60)
 
     @Test("committed events are numbered 1, 2, 3, … with no gap and no number used twice, and only they are published, in order")
     func numbering() async throws {
@@ -43,7 +45,15 @@ struct OutboxNumberingTests {
         let database = try DatabaseQueue()
         var migrator = DatabaseMigrator()
         Outbox.registerMigration(in: &migrator)
+        migrator.registerMigration("t") { try $0.execute(sql: "CREATE TABLE t (x INTEGER)") }
         try migrator.migrate(database)
+        // Interrupts the statement calling it: SQLite rolls back the transaction of that INSERT.
+        try await database.write { db in
+            db.add(function: DatabaseFunction("interrupt_now", argumentCount: 0, pure: false) { _ in
+                database.interrupt()
+                return 1
+            })
+        }
         let published = RecordingPublisher()
         var outbox = Outbox(source: "numbering", publisher: published)
         let other = Outbox(source: "numbering", publisher: published)
@@ -69,7 +79,15 @@ struct OutboxNumberingTests {
                 } catch is Rollback {}
             case 3: committed += try append(1, by: other)
             case 4: try await Outbox.prune(Outbox.Retention(maxEvents: 2), in: database)
-            default: outbox = Outbox(source: "numbering", publisher: published)
+            case 5: outbox = Outbox(source: "numbering", publisher: published)
+            default:
+                do {
+                    try database.writeTransaction { db in
+                        for _ in 0..<2 { try outbox.append(SignedOut(uid: "someone"), uid: "someone", in: db) }
+                        try db.executeHot("INSERT INTO t (x) SELECT interrupt_now()") { _ in }
+                    }
+                    problems.append("step \(index): the interrupted transaction committed")
+                } catch let error as DatabaseError where error.resultCode == .SQLITE_INTERRUPT {}
             }
             let last = try await database.read { try Outbox.lastSequence(in: $0) }
             if last != UInt64(committed.count) {
