@@ -138,6 +138,10 @@ final class CommandQueue: Sendable {
         }
     }
 
+    /// Whether commands from other threads wait (their eventfd write is pending), as the
+    /// eventfd would say, without a system call.
+    var wakePending: Bool { state.withLock { $0.wakePending } }
+
     /// I/O thread only: the commands it submitted itself since the last call.
     func takeLocalCommands() -> [Command] {
         state.withLock { state in

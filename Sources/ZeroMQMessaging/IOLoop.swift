@@ -133,6 +133,10 @@ final class IOLoop: @unchecked Sendable {
         // per wake-up. Here a socket is asked only when its descriptor was signalled or after the
         // loop received from it or sent on it (either can consume the notification of a message
         // that is then waiting unannounced): libzmq's rule for ZMQ_FD.
+        // Whether the previous pass called poll(2): a pass with a socket ready skips it when
+        // the previous one did not, so the other descriptors are still looked at every other
+        // pass under a flood, and a single message costs no extra system call.
+        var polledLastPass = true
         while !stopping {
             if pollDirty { rebuildPollItems() }
             var ready: [(index: Int, events: Int32)] = []
@@ -142,33 +146,49 @@ final class IOLoop: @unchecked Sendable {
                 let events = socket.events() & wanted
                 if events != 0 { ready.append((index, events)) }
             }
-            // Wait only when nothing is ready; otherwise just look at the command queue.
-            let timeout = ready.isEmpty ? pollTimeout(now: monotonicNanoseconds()) : 0
-            let signalled = pollFDs.withUnsafeMutableBufferPointer { fds in
-                poll(fds.baseAddress, nfds_t(fds.count), Int32(clamping: timeout))
-            }
-            if signalled < 0, errno != EINTR {
-                logger.error("poll failed", metadata: ["error": "\(String(cString: strerror(errno)))"])
-            }
             var wake = false
-            if signalled > 0 {
-                for index in pollFDs.indices where pollFDs[index].revents != 0 {
-                    if index == 0 { wake = true } else { pollCheck[index] = true }
+            if !ready.isEmpty, polledLastPass {
+                // Something is ready: the only other thing to look at is the command queue,
+                // whose wake-up flag says as much as its eventfd would.
+                wake = queue.wakePending
+                polledLastPass = false
+            } else {
+                // Wait only when nothing is ready; otherwise just look.
+                let timeout = ready.isEmpty ? pollTimeout(now: monotonicNanoseconds()) : 0
+                let signalled = pollFDs.withUnsafeMutableBufferPointer { fds in
+                    poll(fds.baseAddress, nfds_t(fds.count), Int32(clamping: timeout))
                 }
+                if signalled < 0, errno != EINTR {
+                    logger.error("poll failed", metadata: ["error": "\(String(cString: strerror(errno)))"])
+                }
+                if signalled > 0 {
+                    for index in pollFDs.indices where pollFDs[index].revents != 0 {
+                        if index == 0 { wake = true } else { pollCheck[index] = true }
+                    }
+                }
+                polledLastPass = true
             }
             // Sockets first, commands last: a command may close a socket, and targets are
             // looked up by id, so a socket closed here is simply skipped.
             for (index, events) in ready {
-                // Read from: asked again before the loop waits.
-                pollCheck[index] = true
+                // A socket read until it had nothing left (EAGAIN) has taken every notification
+                // it had, and signals its descriptor for the next message; one left with more to
+                // read, or sent on since (see `touched`), is asked again before the loop waits.
+                let more: Bool
                 switch pollTargets[index] {
-                case .wake: break
-                case .subscriber(let id): drainSubscriber(id)
-                case .server(let id): drainServer(id)
+                case .wake: more = false
+                case .subscriber(let id): more = drainSubscriber(id)
+                case .server(let id): more = drainServer(id)
                 case .dealer(let endpoint):
-                    if events & ZMQ_POLLIN != 0 { drainDealer(endpoint) }
-                    if events & ZMQ_POLLOUT != 0 { flushBacklog(endpoint, now: monotonicNanoseconds()) }
+                    var dealerMore = false
+                    if events & ZMQ_POLLIN != 0 { dealerMore = drainDealer(endpoint) }
+                    if events & ZMQ_POLLOUT != 0 {
+                        flushBacklog(endpoint, now: monotonicNanoseconds())
+                        dealerMore = true
+                    }
+                    more = dealerMore
                 }
+                if more { pollCheck[index] = true }
             }
             if wake {
                 for command in queue.takeCommands() { perform(command) }
@@ -369,18 +389,20 @@ final class IOLoop: @unchecked Sendable {
     }
 
     /// Reads up to ``receiveBudget`` events (the loop asks the socket again for the rest).
-    private func drainSubscriber(_ id: UInt64) {
-        guard let subscriber = subscribers[id] else { return }
+    /// Returns whether the socket may have more to read: the budget ran out, or receiving failed.
+    @discardableResult
+    private func drainSubscriber(_ id: UInt64) -> Bool {
+        guard let subscriber = subscribers[id] else { return false }
         var batch: [RawEvent] = []
         defer {
             if case .loop(let handler) = subscriber.sink, !batch.isEmpty { runOnLoop { handler(batch) } }
         }
         for _ in 0..<Self.receiveBudget {
             switch subscriber.socket.receive(into: &frames, scratch: scratch) {
-            case .empty: return
+            case .empty: return false
             case .failed(let code):
                 logger.warning("Receiving an event failed", metadata: ["error": "\(zmqErrorText(code))"])
-                return
+                return true
             case .message:
                 guard frames.count == 2 || frames.count == 3, let topic = String(validating: frames[0], as: UTF8.self)
                 else {
@@ -402,6 +424,7 @@ final class IOLoop: @unchecked Sendable {
                 }
             }
         }
+        return true
     }
 
     /// Hands `result` to a caller's waiter, or runs a loop caller's callback here. Returns `false`
@@ -466,22 +489,25 @@ final class IOLoop: @unchecked Sendable {
     }
 
     /// Reads up to ``receiveBudget`` requests (the loop asks the socket again for the rest).
-    private func drainServer(_ id: UInt64) {
-        guard let server = servers[id] else { return }
+    /// Returns whether the socket may have more to read: the budget ran out, or receiving failed.
+    @discardableResult
+    private func drainServer(_ id: UInt64) -> Bool {
+        guard let server = servers[id] else { return false }
         var batch: [RawRequest] = []
         defer {
             if case .loop(let handler) = server.sink, !batch.isEmpty { runOnLoop { handler(batch) } }
         }
         for _ in 0..<Self.receiveBudget {
             switch server.socket.receive(into: &frames, scratch: scratch) {
-            case .empty: return
+            case .empty: return false
             case .failed(let code):
                 logger.warning("Receiving a request failed", metadata: ["error": "\(zmqErrorText(code))"])
-                return
+                return true
             case .message:
                 handleRequest(frames, on: server, serverID: id, batch: &batch)
             }
         }
+        return true
     }
 
     /// `frames` is [peer identity, routing frames..., empty delimiter, JSON, attachment?].
@@ -685,8 +711,10 @@ final class IOLoop: @unchecked Sendable {
 
     /// Replies are [request id, empty, JSON, attachment?].
     /// Reads up to ``receiveBudget`` replies (the loop asks the socket again for the rest).
-    private func drainDealer(_ endpoint: Endpoint) {
-        guard let dealer = dealers[endpoint] else { return }
+    /// Returns whether the socket may have more to read: the budget ran out, or receiving failed.
+    @discardableResult
+    private func drainDealer(_ endpoint: Endpoint) -> Bool {
+        guard let dealer = dealers[endpoint] else { return false }
         // Replies for loop callers are handed over together, in one turn of the loop, so that
         // what they queue (a commit, say) is done once for all of them.
         var callbacks: [(callback: @Sendable (Result<Message, ServiceError>) -> Void, result: Result<Message, ServiceError>)] = []
@@ -697,10 +725,10 @@ final class IOLoop: @unchecked Sendable {
         }
         for _ in 0..<Self.receiveBudget {
             switch dealer.socket.receive(into: &frames, scratch: scratch) {
-            case .empty: return
+            case .empty: return false
             case .failed(let code):
                 logger.warning("Receiving a reply failed", metadata: ["error": "\(zmqErrorText(code))"])
-                return
+                return true
             case .message:
                 guard frames.count == 3 || frames.count == 4, frames[0].count == 8, frames[1].isEmpty else {
                     logger.debug("Unreadable reply dropped", metadata: ["endpoint": "\(endpoint)", "frames": "\(frames.count)"])
@@ -721,6 +749,7 @@ final class IOLoop: @unchecked Sendable {
                 }
             }
         }
+        return true
     }
 
     /// Fails the requests whose time is up. Returns whether it failed any (their callers may have
