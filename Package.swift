@@ -32,6 +32,7 @@ let package = Package(
         .executable(name: "onboarding-client", targets: ["onboarding-client"]),
         .executable(name: "onboarding-chaos", targets: ["onboarding-chaos"]),
         .executable(name: "onboarding-bench", targets: ["onboarding-bench"]),
+        .executable(name: "onboarding-bench-parts", targets: ["onboarding-bench-parts"]),
         .executable(name: "onboarding-fake-provider", targets: ["onboarding-fake-provider"]),
         .library(name: "OnboardingGateway", targets: ["OnboardingGateway"]),
         .executable(name: "onboarding-gateway", targets: ["onboarding-gateway"]),
@@ -275,11 +276,14 @@ let package = Package(
                 "CZeroMQ",
                 "ClientCommands",
                 "OnboardingAPI",
+                "ServiceRuntime",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ]
         ),
         .executableTarget(name: "onboarding-bench", dependencies: ["OnboardingBench"]),
+        .executableTarget(name: "onboarding-bench-parts", dependencies: ["OnboardingBench"]),
         .testTarget(
             name: "OnboardingBenchTests",
             dependencies: ["OnboardingBench"]

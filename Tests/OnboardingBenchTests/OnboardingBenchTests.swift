@@ -251,3 +251,12 @@ import Testing
         #expect(UUIDKey("zf2b8c1e-6d4a-4b7e-9c2f-1a5e8d7b6c40") == nil)
     }
 }
+
+@Suite struct PartsCommandTests {
+    @Test("the parts benchmark runs every piece, and refuses a count of 0")
+    func runs() throws {
+        var command = try PartsCommand.parse(["--count", "20", "--rounds", "1"])
+        try command.run()
+        #expect(throws: (any Error).self) { try PartsCommand.parse(["--count", "0"]) }
+    }
+}

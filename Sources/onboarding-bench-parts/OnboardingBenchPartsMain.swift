@@ -1,0 +1,5 @@
+import ArgumentParser
+import OnboardingBench
+
+@main
+extension PartsCommand {}
