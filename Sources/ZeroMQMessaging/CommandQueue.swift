@@ -25,6 +25,17 @@ enum Command: Sendable {
     case shutdown
 }
 
+extension Command {
+    /// A reply or an event: sent on a socket the I/O thread already has, touching nothing else
+    /// of its state, so it may be carried out from inside a handler on that thread.
+    var sendsAtOnce: Bool {
+        switch self {
+        case .publish, .reply: true
+        default: false
+        }
+    }
+}
+
 /// A call waiting for its reply, as handed to the I/O thread.
 struct OutgoingRequest: Sendable {
     var id: UInt64
@@ -42,8 +53,9 @@ struct OutgoingRequest: Sendable {
 /// hold, except ``takeCommands()`` and ``takeLocalCommands()``, which only the I/O thread calls.
 /// Producers append under the mutex and write the eventfd only when no wake-up is already
 /// pending, so a burst of commands costs one `write(2)`. Commands submitted on the I/O thread
-/// itself (replies and events from a loop handler) wake nothing: the loop takes them as soon as
-/// the handler returns.
+/// itself (replies and events from a loop handler) wake nothing: a reply or an event with
+/// nothing queued before it is sent there and then, anything else is taken as soon as the
+/// handler returns.
 final class CommandQueue: Sendable {
     private struct State {
         var commands: [Command] = []
@@ -78,8 +90,14 @@ final class CommandQueue: Sendable {
         nextID.wrappingAdd(1, ordering: .relaxed).newValue
     }
 
-    /// I/O thread only, once, first: makes it the thread whose commands need no wake-up.
-    func adoptLoopThread() {
+    /// Carries out a reply or an event submitted on the I/O thread there and then (see `submit`).
+    /// Set by the I/O thread before anything can run on it, and only ever read there.
+    nonisolated(unsafe) private var sendNow: ((Command) -> Void)?
+
+    /// I/O thread only, once, first: makes it the thread whose commands need no wake-up, and
+    /// `send` what carries out its replies and events at once.
+    func adoptLoopThread(send: @escaping (Command) -> Void) {
+        sendNow = send
         loopThread.store(UInt(pthread_self()), ordering: .releasing)
     }
 
@@ -87,20 +105,24 @@ final class CommandQueue: Sendable {
     @discardableResult
     func submit(_ command: Command) -> Bool {
         let onLoop = UInt(pthread_self()) == loopThread.load(ordering: .acquiring)
-        let (accepted, wake) = state.withLock { state -> (Bool, Bool) in
-            guard state.accepting else { return (false, false) }
+        let (accepted, wake, now) = state.withLock { state -> (Bool, Bool, Bool) in
+            guard state.accepting else { return (false, false, false) }
             // On the I/O thread itself nothing needs waking, unless commands from other threads
             // are already waiting: then this one queues behind them, so that, for example, an
-            // event committed later is never sent before one committed earlier.
+            // event committed later is never sent before one committed earlier. A reply or an
+            // event with nothing queued before it goes out at once (an event from inside the
+            // commit that recorded it, before the handler's own bookkeeping).
             if onLoop, state.commands.isEmpty {
+                if state.local.isEmpty, command.sendsAtOnce { return (true, false, true) }
                 state.local.append(command)
-                return (true, false)
+                return (true, false, false)
             }
             state.commands.append(command)
-            if state.wakePending { return (true, false) }
+            if state.wakePending { return (true, false, false) }
             state.wakePending = true
-            return (true, true)
+            return (true, true, false)
         }
+        if now, let sendNow { sendNow(command) }
         if wake { signal() }
         return accepted
     }

@@ -127,7 +127,7 @@ final class IOLoop: @unchecked Sendable {
     static let receiveBudget = 256
 
     func run() {
-        queue.adoptLoopThread()
+        queue.adoptLoopThread { [unowned self] command in perform(command) }
         // The loop waits with poll(2) on the sockets' notification descriptors itself instead of
         // calling zmq_poll, which asks every socket for its events (two system calls each) twice
         // per wake-up. Here a socket is asked only when its descriptor was signalled or after the

@@ -98,7 +98,7 @@ struct CommandQueueTests {
     func localCommands() async {
         let queue = CommandQueue()
         let (woke, taken, local, again) = await Self.onThread { () -> (Bool, [String], [String], [String]) in
-            queue.adoptLoopThread()
+            queue.adoptLoopThread(send: { _ in })
             for number in 1...3 { queue.submit(Self.command(UInt64(number))) }
             return (
                 Self.wakePending(queue), Self.labels(queue.takeCommands()), Self.labels(queue.takeLocalCommands()),
@@ -111,13 +111,56 @@ struct CommandQueueTests {
         #expect(again.isEmpty, "taking empties the local queue")
     }
 
+    @Test("on the I/O thread, a reply or an event with nothing queued before it is sent at once; otherwise it queues in order")
+    func sendsAtOnce() async {
+        let queue = CommandQueue()
+        let (sentFirst, localAfterRequest, sentLater, fromOthers) = await Self.onThread {
+            () -> ([String], [String], [String], [String]) in
+            let sent = Mutex<[String]>([])
+            queue.adoptLoopThread(send: { command in sent.withLock { $0.append(Self.sendLabel(command)) } })
+            queue.submit(.publish(id: 1, message: OutgoingMessage(topic: "a", body: Data())))
+            let sentFirst = sent.withLock { $0 }
+            // Behind a command that waits for the loop, an event waits too, in order.
+            queue.submit(Self.command(7))
+            queue.submit(.publish(id: 1, message: OutgoingMessage(topic: "b", body: Data())))
+            let local = queue.takeLocalCommands().map(Self.sendLabel)
+            // Nothing queued again: the next one goes at once.
+            queue.submit(.reply(serverID: 2, route: [], message: OutgoingMessage(body: Data())))
+            let sentLater = sent.withLock { $0 }
+            return (sentFirst, local, sentLater, Self.labels(queue.takeCommands()))
+        }
+        #expect(sentFirst == ["publish a"])
+        #expect(localAfterRequest == ["7", "publish b"])
+        #expect(sentLater == ["publish a", "reply"])
+        #expect(fromOthers.isEmpty)
+        // While commands from other threads wait, an event from the loop queues behind them.
+        queue.submit(Self.command(8))
+        let (taken, sentBehind) = await Self.onThread { () -> ([String], Int) in
+            let sent = Mutex(0)
+            queue.adoptLoopThread(send: { _ in sent.withLock { $0 += 1 } })
+            queue.submit(.publish(id: 1, message: OutgoingMessage(topic: "c", body: Data())))
+            return (queue.takeCommands().map(Self.sendLabel), sent.withLock { $0 })
+        }
+        #expect(taken == ["8", "publish c"])
+        #expect(sentBehind == 0)
+    }
+
+    static func sendLabel(_ command: Command) -> String {
+        switch command {
+        case .publish(_, let message): "publish \(message.topic ?? "")"
+        case .reply: "reply"
+        case .cancelRequest(let id): "\(id)"
+        default: "other"
+        }
+    }
+
     @Test("a command from the I/O thread queues behind commands from other threads that are waiting")
     func localQueuesBehindWaiting() async {
         let queue = CommandQueue()
         queue.submit(Self.command(1))
         queue.submit(Self.command(2))
         let (taken, local, laterLocal) = await Self.onThread { () -> ([String], [String], [String]) in
-            queue.adoptLoopThread()
+            queue.adoptLoopThread(send: { _ in })
             queue.submit(Self.command(3))
             let taken = Self.labels(queue.takeCommands())
             let local = Self.labels(queue.takeLocalCommands())
@@ -139,7 +182,7 @@ struct CommandQueueTests {
         queue.requestShutdown(waiter: nil)
         #expect(Self.drainWakeCounter(queue) == 1, "a wake-up already pending is not written again")
         let (refusedOnLoop, taken, local) = await Self.onThread { () -> (Bool, [String], [String]) in
-            queue.adoptLoopThread()
+            queue.adoptLoopThread(send: { _ in })
             let accepted = queue.submit(Self.command(3))
             return (!accepted, Self.labels(queue.takeCommands()), Self.labels(queue.takeLocalCommands()))
         }
@@ -200,7 +243,7 @@ struct CommandQueueTests {
         let cancelled = Flag()
         async let received = withTaskCancellationHandler {
             await Self.onThread { () -> [UInt64] in
-                queue.adoptLoopThread()
+                queue.adoptLoopThread(send: { _ in })
                 var received: [UInt64] = []
                 received.reserveCapacity(total)
                 while received.count < total, !cancelled.value.load(ordering: .acquiring) {
