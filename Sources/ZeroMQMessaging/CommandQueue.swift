@@ -174,6 +174,7 @@ final class CommandQueue: Sendable {
 
     /// I/O thread only, as its last act: wakes everyone waiting in `shutdown()`.
     func markTerminated() {
+        sendNow = nil
         let waiters = state.withLock { state in
             state.terminated = true
             let waiters = state.shutdownWaiters

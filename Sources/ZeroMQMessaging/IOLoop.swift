@@ -390,7 +390,6 @@ final class IOLoop: @unchecked Sendable {
 
     /// Reads up to ``receiveBudget`` events (the loop asks the socket again for the rest).
     /// Returns whether the socket may have more to read: the budget ran out, or receiving failed.
-    @discardableResult
     private func drainSubscriber(_ id: UInt64) -> Bool {
         guard let subscriber = subscribers[id] else { return false }
         var batch: [RawEvent] = []
@@ -490,7 +489,6 @@ final class IOLoop: @unchecked Sendable {
 
     /// Reads up to ``receiveBudget`` requests (the loop asks the socket again for the rest).
     /// Returns whether the socket may have more to read: the budget ran out, or receiving failed.
-    @discardableResult
     private func drainServer(_ id: UInt64) -> Bool {
         guard let server = servers[id] else { return false }
         var batch: [RawRequest] = []
@@ -712,7 +710,6 @@ final class IOLoop: @unchecked Sendable {
     /// Replies are [request id, empty, JSON, attachment?].
     /// Reads up to ``receiveBudget`` replies (the loop asks the socket again for the rest).
     /// Returns whether the socket may have more to read: the budget ran out, or receiving failed.
-    @discardableResult
     private func drainDealer(_ endpoint: Endpoint) -> Bool {
         guard let dealer = dealers[endpoint] else { return false }
         // Replies for loop callers are handed over together, in one turn of the loop, so that
