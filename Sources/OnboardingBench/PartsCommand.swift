@@ -16,10 +16,10 @@ public struct PartsCommand: ParsableCommand {
         commandName: "onboarding-bench-parts",
         abstract: "Microseconds per call of the hot path's pieces in a tight loop: transactions, JSON reads and writes.",
         discussion: """
-            Transactions run on a service database (WAL, synchronous=NORMAL, as the services open it) in a
-            temporary directory; the log is checkpointed between pieces. Each piece is warmed up with 2,000
-            calls, then timed over --count calls, --rounds times; the table shows the lowest and the median
-            round. Build with -c release: a debug build measures the debug build.
+            Transactions run on a service database (WAL, synchronous=NORMAL, as the services open it) \
+            in a temporary directory; the log is checkpointed between pieces. Each piece is warmed up \
+            with 2,000 calls, then timed over --count calls, --rounds times; the table shows the lowest \
+            and the median round. Build with -c release: a debug build measures the debug build.
             """)
 
     @Option(help: "Calls per piece per round.")
