@@ -93,6 +93,9 @@ final class CommandQueue: Sendable {
     /// Carries out a reply or an event submitted on the I/O thread there and then (see `submit`).
     /// Set by the I/O thread before anything can run on it, and only ever read there.
     nonisolated(unsafe) private var sendNow: ((Command) -> Void)?
+    /// How many batches of taken commands the I/O thread is carrying out (see `carryOut`).
+    /// I/O thread only.
+    nonisolated(unsafe) private var batchesUnderWay = 0
 
     /// I/O thread only, once, first: makes it the thread whose commands need no wake-up, and
     /// `send` what carries out its replies and events at once.
@@ -111,9 +114,10 @@ final class CommandQueue: Sendable {
             // are already waiting: then this one queues behind them, so that, for example, an
             // event committed later is never sent before one committed earlier. A reply or an
             // event with nothing queued before it goes out at once (an event from inside the
-            // commit that recorded it, before the handler's own bookkeeping).
+            // commit that recorded it, before the handler's own bookkeeping); while the loop
+            // carries out commands it has taken, the rest of them came first, so it queues.
             if onLoop, state.commands.isEmpty {
-                if state.local.isEmpty, command.sendsAtOnce { return (true, false, true) }
+                if state.local.isEmpty, batchesUnderWay == 0, command.sendsAtOnce { return (true, false, true) }
                 state.local.append(command)
                 return (true, false, false)
             }
@@ -163,6 +167,16 @@ final class CommandQueue: Sendable {
     /// Whether commands from other threads wait (their eventfd write is pending), as the
     /// eventfd would say, without a system call.
     var wakePending: Bool { state.withLock { $0.wakePending } }
+
+    /// I/O thread only: carries out `commands` (taken with ``takeCommands()`` or
+    /// ``takeLocalCommands()``) in order with `perform`. A reply or an event they submit queues
+    /// behind the ones not yet carried out, which were submitted before it, instead of going
+    /// out at once.
+    func carryOut(_ commands: [Command], with perform: (Command) -> Void) {
+        batchesUnderWay += 1
+        defer { batchesUnderWay -= 1 }
+        for command in commands { perform(command) }
+    }
 
     /// I/O thread only: the commands it submitted itself since the last call.
     func takeLocalCommands() -> [Command] {

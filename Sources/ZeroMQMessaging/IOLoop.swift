@@ -191,7 +191,7 @@ final class IOLoop: @unchecked Sendable {
                 if more { pollCheck[index] = true }
             }
             if wake {
-                for command in queue.takeCommands() { perform(command) }
+                queue.carryOut(queue.takeCommands(), with: perform)
                 flushLocalCommands()
             }
             // Anything submitted on this thread outside a loop handler (none today) goes out too.
@@ -457,7 +457,7 @@ final class IOLoop: @unchecked Sendable {
         while true {
             let commands = queue.takeLocalCommands()
             if commands.isEmpty { return }
-            for command in commands { perform(command) }
+            queue.carryOut(commands, with: perform)
         }
     }
 

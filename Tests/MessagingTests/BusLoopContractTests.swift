@@ -233,6 +233,54 @@ struct BusLoopContractTests {
         }
     }
 
+    @Test(
+        "events numbered in turn go out in that order, whether tasks or jobs on the bus's thread numbered them",
+        arguments: BusKind.allCases)
+    func numberedEventsKeepTheirOrder(kind: BusKind) async throws {
+        try await withHarness(kind) { buses in
+            let publisher = try await buses.bindPublisher()
+            defer { publisher.close() }
+            let (events, sink) = AsyncStream.makeStream(of: RawEvent.self)
+            let subscription = try await buses.client.subscribe(
+                to: [publisher.endpoint], topics: ["numbered", "probe"], limits: MessageLimits()
+            ) { batch in
+                for event in batch { sink.yield(event) }
+            }
+            defer { subscription.close() }
+            var iterator = events.makeAsyncIterator()
+            try await waitUntilLoopJoined(&iterator, publisher: publisher)
+            // As the outbox does: an event is numbered and handed to its publisher under the
+            // writer's lock (its commit), by tasks and by jobs on the bus's thread, in a random
+            // mix; jobs queue behind the tasks' sends and the tasks' sends behind jobs.
+            let writer = Mutex(0)
+            let commit: @Sendable () -> Void = {
+                writer.withLock { number in
+                    number += 1
+                    try? publisher.publish(event("numbered", text: "\(number)"))
+                }
+            }
+            let server = buses.server
+            let perProducer = 500
+            await withTaskGroup(of: Void.self) { group in
+                for _ in 0..<4 {
+                    group.addTask {
+                        for _ in 0..<perProducer {
+                            if Bool.random() { #expect(server.perform(onLoop: commit)) } else { commit() }
+                            if Int.random(in: 0..<16) == 0 { await Task.yield() }
+                        }
+                    }
+                }
+            }
+            var received: [Int] = []
+            while received.count < 4 * perProducer, let raw = await iterator.next() {
+                if raw.topic == "probe" { continue }
+                received.append(Int(try Message(topic: raw.topic, body: raw.body).payload(as: Echo.self).text) ?? -1)
+            }
+            let outOfOrder = zip(received, received.dropFirst()).first { $0.0 + 1 != $0.1 }
+            #expect(outOfOrder == nil, "\(received.count) events; the first out of order: \(String(describing: outOfOrder))")
+        }
+    }
+
     /// Answers `raw` with its own payload, or with the error reading it gives.
     static func echo(_ raw: RawRequest) {
         do throws(ServiceError) {

@@ -114,7 +114,7 @@ struct CommandQueueTests {
     @Test("on the I/O thread, a reply or an event with nothing queued before it is sent at once; otherwise it queues in order")
     func sendsAtOnce() async {
         let queue = CommandQueue()
-        let (sentFirst, localAfterRequest, sentLater, fromOthers) = await Self.onThread {
+        let (sentFirst, queued, sentLater, fromOthers) = await Self.onThread {
             () -> ([String], [String], [String], [String]) in
             let sent = Mutex<[String]>([])
             queue.adoptLoopThread(send: { command in sent.withLock { $0.append(Self.sendLabel(command)) } })
@@ -126,11 +126,19 @@ struct CommandQueueTests {
             let local = queue.takeLocalCommands().map(Self.sendLabel)
             // Nothing queued again: the next one goes at once.
             queue.submit(.reply(serverID: 2, route: [], message: OutgoingMessage(body: Data())))
+            // While the loop carries out commands it has taken, the rest of them came first: an
+            // event submitted by one of them queues behind them.
+            var carried: [String] = []
+            queue.carryOut([Self.command(9), Self.command(10)]) { command in
+                carried.append(Self.sendLabel(command))
+                if carried.count == 1 { queue.submit(.publish(id: 1, message: OutgoingMessage(topic: "d", body: Data()))) }
+            }
+            carried += queue.takeLocalCommands().map(Self.sendLabel)
             let sentLater = sent.withLock { $0 }
-            return (sentFirst, local, sentLater, Self.labels(queue.takeCommands()))
+            return (sentFirst, local + carried, sentLater, Self.labels(queue.takeCommands()))
         }
         #expect(sentFirst == ["publish a"])
-        #expect(localAfterRequest == ["7", "publish b"])
+        #expect(queued == ["7", "publish b", "9", "10", "publish d"])
         #expect(sentLater == ["publish a", "reply"])
         #expect(fromOthers.isEmpty)
         // While commands from other threads wait, an event from the loop queues behind them.
