@@ -54,8 +54,8 @@ struct OutgoingRequest: Sendable {
 /// Producers append under the mutex and write the eventfd only when no wake-up is already
 /// pending, so a burst of commands costs one `write(2)`. Commands submitted on the I/O thread
 /// itself (replies and events from a loop handler) wake nothing: a reply or an event with
-/// nothing queued before it is sent there and then, anything else is taken as soon as the
-/// handler returns.
+/// nothing queued before it (commands the loop has taken and not yet carried out included) is
+/// sent there and then, anything else is taken as soon as the handler returns.
 final class CommandQueue: Sendable {
     private struct State {
         var commands: [Command] = []
