@@ -96,15 +96,8 @@ struct BusLoopContractTests {
                 }
             }
             defer { server.close() }
-            let (events, sink) = AsyncStream.makeStream(of: RawEvent.self)
-            let subscription = try await buses.client.subscribe(
-                to: [publisher.endpoint], topics: ["even.", "probe"], limits: MessageLimits()
-            ) { batch in
-                for event in batch { sink.yield(event) }
-            }
+            var (iterator, subscription) = try await joinedLoopSubscription(buses, to: publisher, topics: ["even."])
             defer { subscription.close() }
-            var iterator = events.makeAsyncIterator()
-            try await waitUntilLoopJoined(&iterator, publisher: publisher)
             for number in 0..<10 {
                 _ = try await buses.client.request(try echoRequest("n", number: number), to: endpoint, timeout: .seconds(10))
             }
@@ -240,15 +233,8 @@ struct BusLoopContractTests {
         try await withHarness(kind) { buses in
             let publisher = try await buses.bindPublisher()
             defer { publisher.close() }
-            let (events, sink) = AsyncStream.makeStream(of: RawEvent.self)
-            let subscription = try await buses.client.subscribe(
-                to: [publisher.endpoint], topics: ["numbered", "probe"], limits: MessageLimits()
-            ) { batch in
-                for event in batch { sink.yield(event) }
-            }
+            var (iterator, subscription) = try await joinedLoopSubscription(buses, to: publisher, topics: ["numbered"])
             defer { subscription.close() }
-            var iterator = events.makeAsyncIterator()
-            try await waitUntilLoopJoined(&iterator, publisher: publisher)
             // As the outbox does: an event is numbered and handed to its publisher under the
             // writer's lock (its commit), by tasks and by jobs on the bus's thread, in a random
             // mix; jobs queue behind the tasks' sends and the tasks' sends behind jobs.
@@ -290,6 +276,26 @@ struct BusLoopContractTests {
             raw.reply(Message.errorReply(error, correlationId: nil, source: "server"))
         }
     }
+}
+
+/// A loop subscription of `buses.client` to `publisher` for `topics` (and the probes), its events
+/// as a stream, returned once it has joined.
+func joinedLoopSubscription(
+    _ buses: Harness, to publisher: any EventPublisher, topics: [String]
+) async throws -> (AsyncStream<RawEvent>.Iterator, any BusLoopRegistration) {
+    let (events, sink) = AsyncStream.makeStream(of: RawEvent.self)
+    let subscription = try await buses.client.subscribe(to: [publisher.endpoint], topics: topics + ["probe"], limits: MessageLimits()) {
+        batch in
+        for event in batch { sink.yield(event) }
+    }
+    var iterator = events.makeAsyncIterator()
+    do {
+        try await waitUntilLoopJoined(&iterator, publisher: publisher)
+    } catch {
+        subscription.close()
+        throw error
+    }
+    return (iterator, subscription)
 }
 
 /// Publishes probes until the loop subscriber has seen one (the ZeroMQ slow joiner).
