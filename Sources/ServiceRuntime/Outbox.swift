@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import GRDBSQLite
 import Logging
 import Messaging
 import OnboardingAPI
@@ -29,6 +30,9 @@ public final class Outbox: Sendable {
         var observing = false
         /// The next sequence number in the transaction under way, once its first event has read it.
         var next: UInt64?
+        /// After this outbox's last commit: the number that follows it, and the database file's
+        /// data version right after that commit (``dataVersion(of:)``).
+        var committed: (next: UInt64, dataVersion: UInt32)?
     }
 
     public init(source: String, publisher: any EventPublisher) {
@@ -85,10 +89,12 @@ public final class Outbox: Sendable {
         let time = time ?? Timestamp.now()
         // The next number, known before the insert, so the row is written once with its final
         // envelope: one above the largest number ever used, pruned rows included
-        // (``lastSequence(in:)``). The transaction's first event reads it (a seek to each
-        // table's last row); later events of the same transaction count on from it, as nobody
-        // else can write meanwhile. It is not kept from one transaction to the next: another
-        // writer, or pruning, may have moved it in between.
+        // (``lastSequence(in:)``). Later events of the same transaction count on from it, as
+        // nobody else can write meanwhile. From one transaction to the next it is kept only while
+        // the database file has not changed since this outbox's commit (SQLite's data version,
+        // which any other commit moves: another outbox's, pruning's, another connection's or
+        // process's); otherwise the transaction's first event reads it (a seek to each table's
+        // last row), as it does after a rollback or a restart.
         func insert(_ sequence: UInt64) throws -> Data {
             let header = EnvelopeHeader(
                 type: Event.type, source: source, sequence: sequence, time: time, correlationId: correlationId, uid: uid)
@@ -103,7 +109,12 @@ public final class Outbox: Sendable {
             }
             return body
         }
-        let sequence = try unpublished.withLock({ $0.next }) ?? Self.lastSequence(in: db) + 1
+        let known = unpublished.withLock { unpublished -> UInt64? in
+            if let next = unpublished.next { return next }
+            guard let committed = unpublished.committed, committed.dataVersion == Self.dataVersion(of: db) else { return nil }
+            return committed.next
+        }
+        let sequence = try known ?? Self.lastSequence(in: db) + 1
         let body = try insert(sequence)
         let firstOfTransaction = unpublished.withLock { unpublished in
             unpublished.messages.append(OutgoingMessage(topic: topic, body: body))
@@ -113,23 +124,38 @@ public final class Outbox: Sendable {
         }
         if firstOfTransaction {
             db.afterNextTransaction(
-                onCommit: { [self] _ in
+                onCommit: { [self] db in
                     // Publishing only queues each message for the bus's I/O thread; it never blocks.
-                    for message in takeUnpublished() { try? publisher.publish(message) }
+                    for message in takeUnpublished(committedIn: db) { try? publisher.publish(message) }
                 },
-                onRollback: { [self] _ in _ = takeUnpublished() })
+                onRollback: { [self] _ in _ = takeUnpublished(committedIn: nil) })
         }
         return sequence
     }
 }
 
 extension Outbox {
-    /// The events of the transaction that just ended; what they were numbered is forgotten.
-    private func takeUnpublished() -> [OutgoingMessage] {
+    /// The events of the transaction that just ended. After a commit (`db` given) the number
+    /// that follows them is kept with the file's data version; after a rollback it is forgotten.
+    private func takeUnpublished(committedIn db: Database?) -> [OutgoingMessage] {
         unpublished.withLock { unpublished in
-            defer { unpublished = Unpublished() }
+            var kept = Unpublished()
+            if let next = unpublished.next, let db, let version = Self.dataVersion(of: db) {
+                kept.committed = (next, version)
+            }
+            defer { unpublished = kept }
             return unpublished.messages
         }
+    }
+
+    /// SQLite's data version of the main database file (`SQLITE_FCNTL_DATA_VERSION`): it moves
+    /// with every commit to the file, this connection's or any other's, and with nothing else a
+    /// writer needs to know about. `nil` when SQLite cannot tell.
+    static func dataVersion(of db: Database) -> UInt32? {
+        guard let connection = db.sqliteConnection else { return nil }
+        var version: UInt32 = 0
+        guard sqlite3_file_control(connection, "main", SQLITE_FCNTL_DATA_VERSION, &version) == SQLITE_OK else { return nil }
+        return version
     }
 }
 
