@@ -30,6 +30,10 @@ final class Engine: Sendable {
     /// Set when a transaction that changed the machine rolled back: the next one starts the
     /// machine again from the store.
     let stale = Atomic<Bool>(false)
+    /// The largest uid with a row in `person` as of this engine's last commit: someone above it
+    /// has no row, so nothing is read for them. A new account's uid is time-ordered, above
+    /// everyone stored before, so a sign-in of a new account reads nothing before it writes.
+    let largestStoredUID = KeptSinceCommit<String>()
     /// Inputs waiting for the bus's thread, and whether a job to commit them is on its way there.
     private let inbox = Mutex<(submissions: [Submission], scheduled: Bool, closed: Bool)>(([], false, false))
     /// Who is told the outcome of each "check me now" under way.
@@ -261,6 +265,7 @@ final class Engine: Sendable {
         // the batch: the last intent emitted for a person goes in with its row.
         var emitted: [String: OrchestratorStore.PublishedIntent] = [:]
         var cursors: [String: UInt64] = [:]
+        var largestStored = try largestStoredUID.value(in: db) ?? OrchestratorStore.largestUID(in: db)
         for submission in batch {
             var inputs = submission.inputs
             var profiles = submission.profiles
@@ -268,7 +273,9 @@ final class Engine: Sendable {
             while next < inputs.count {
                 let input = inputs[next]
                 next += 1
-                if !machine.isTracking(input.uid), let stored = try OrchestratorStore.person(input.uid, in: db) {
+                if !machine.isTracking(input.uid), !Self.isAbove(input.uid, largestStored),
+                    let stored = try OrchestratorStore.person(input.uid, in: db)
+                {
                     later += machine.restore(uid: input.uid, stored)
                 }
                 for action in machine.handle(input) {
@@ -291,10 +298,22 @@ final class Engine: Sendable {
         }
         for (uid, person) in machine.takeChanges() {
             try OrchestratorStore.save(uid, person, published: emitted.removeValue(forKey: uid), in: db)
+            if Self.isAbove(uid, largestStored) { largestStored = uid }
         }
         // An intent emitted again without a change of state (a repeat for a new session).
-        for published in emitted.values { try OrchestratorStore.recordIntent(published, in: db) }
+        for published in emitted.values {
+            try OrchestratorStore.recordIntent(published, in: db)
+            if Self.isAbove(published.intent.uid, largestStored) { largestStored = published.intent.uid }
+        }
+        db.afterNextTransaction(
+            onCommit: { [self, largestStored] db in largestStoredUID.keep(largestStored, committedIn: db) },
+            onRollback: { [self] _ in largestStoredUID.forget() })
         return later
+    }
+
+    /// Whether `uid` sorts after `other` in byte order (SQLite's order for text, so `max(uid)`'s).
+    static func isAbove(_ uid: String, _ other: String) -> Bool {
+        other.utf8.lexicographicallyPrecedes(uid.utf8)
     }
 
     /// Puts a route intent in the route outbox, which publishes it once the transaction

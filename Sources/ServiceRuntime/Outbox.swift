@@ -1,6 +1,5 @@
 import Foundation
 import GRDB
-import GRDBSQLite
 import Logging
 import Messaging
 import OnboardingAPI
@@ -24,15 +23,14 @@ public final class Outbox: Sendable {
     /// observer per transaction, however many events it records (GRDB consults every observer
     /// on every statement).
     private let unpublished = Mutex(Unpublished())
+    /// The number after this outbox's last committed event, while the file has not changed since.
+    private let nextAfterCommit = KeptSinceCommit<UInt64>()
 
     private struct Unpublished {
         var messages: [OutgoingMessage] = []
         var observing = false
         /// The next sequence number in the transaction under way, once its first event has read it.
         var next: UInt64?
-        /// After this outbox's last commit: the number that follows it, and the database file's
-        /// data version right after that commit (``dataVersion(of:)``).
-        var committed: (next: UInt64, dataVersion: UInt32)?
     }
 
     public init(source: String, publisher: any EventPublisher) {
@@ -91,10 +89,10 @@ public final class Outbox: Sendable {
         // envelope: one above the largest number ever used, pruned rows included
         // (``lastSequence(in:)``). Later events of the same transaction count on from it, as
         // nobody else can write meanwhile. From one transaction to the next it is kept only while
-        // the database file has not changed since this outbox's commit (SQLite's data version,
-        // which any other commit moves: another outbox's, pruning's, another connection's or
-        // process's); otherwise the transaction's first event reads it (a seek to each table's
-        // last row), as it does after a rollback or a restart.
+        // the database file has not changed since this outbox's commit (``KeptSinceCommit``: any
+        // other commit, another outbox's, pruning's, another connection's or process's, moves
+        // SQLite's data version); otherwise the transaction's first event reads it (a seek to
+        // each table's last row), as it does after a rollback or a restart.
         func insert(_ sequence: UInt64) throws -> Data {
             let header = EnvelopeHeader(
                 type: Event.type, source: source, sequence: sequence, time: time, correlationId: correlationId, uid: uid)
@@ -109,12 +107,7 @@ public final class Outbox: Sendable {
             }
             return body
         }
-        let known = unpublished.withLock { unpublished -> UInt64? in
-            if let next = unpublished.next { return next }
-            guard let committed = unpublished.committed, committed.dataVersion == Self.dataVersion(of: db) else { return nil }
-            return committed.next
-        }
-        let sequence = try known ?? Self.lastSequence(in: db) + 1
+        let sequence = try unpublished.withLock({ $0.next }) ?? nextAfterCommit.value(in: db) ?? Self.lastSequence(in: db) + 1
         let body = try insert(sequence)
         let firstOfTransaction = unpublished.withLock { unpublished in
             unpublished.messages.append(OutgoingMessage(topic: topic, body: body))
@@ -125,37 +118,27 @@ public final class Outbox: Sendable {
         if firstOfTransaction {
             db.afterNextTransaction(
                 onCommit: { [self] db in
+                    let (messages, next) = takeUnpublished()
                     // Publishing only queues each message for the bus's I/O thread; it never blocks.
-                    for message in takeUnpublished(committedIn: db) { try? publisher.publish(message) }
+                    for message in messages { try? publisher.publish(message) }
+                    if let next { nextAfterCommit.keep(next, committedIn: db) } else { nextAfterCommit.forget() }
                 },
-                onRollback: { [self] _ in _ = takeUnpublished(committedIn: nil) })
+                onRollback: { [self] _ in
+                    _ = takeUnpublished()
+                    nextAfterCommit.forget()
+                })
         }
         return sequence
     }
 }
 
 extension Outbox {
-    /// The events of the transaction that just ended. After a commit (`db` given) the number
-    /// that follows them is kept with the file's data version; after a rollback it is forgotten.
-    private func takeUnpublished(committedIn db: Database?) -> [OutgoingMessage] {
+    /// The events of the transaction that just ended, and the number that follows them.
+    private func takeUnpublished() -> (messages: [OutgoingMessage], next: UInt64?) {
         unpublished.withLock { unpublished in
-            var kept = Unpublished()
-            if let next = unpublished.next, let db, let version = Self.dataVersion(of: db) {
-                kept.committed = (next, version)
-            }
-            defer { unpublished = kept }
-            return unpublished.messages
+            defer { unpublished = Unpublished() }
+            return (unpublished.messages, unpublished.next)
         }
-    }
-
-    /// SQLite's data version of the main database file (`SQLITE_FCNTL_DATA_VERSION`): it moves
-    /// with every commit to the file, this connection's or any other's, and with nothing else a
-    /// writer needs to know about. `nil` when SQLite cannot tell.
-    static func dataVersion(of db: Database) -> UInt32? {
-        guard let connection = db.sqliteConnection else { return nil }
-        var version: UInt32 = 0
-        guard sqlite3_file_control(connection, "main", SQLITE_FCNTL_DATA_VERSION, &version) == SQLITE_OK else { return nil }
-        return version
     }
 }
 
