@@ -29,13 +29,18 @@ public struct EnvelopeReader: Sendable {
         decoders[messageType] = { decoder in
             try decoder.container(keyedBy: PayloadKey.self).decode(Payload.self, forKey: .payload)
         }
-        if Payload.self is any WireReadable.Type {
-            readers[messageType] = { object in try (Payload.self as! any WireReadable.Type).init(wire: object) as! Payload }
+        if let readable = Payload.self as? any (WireReadable & Sendable).Type {
+            // The type is looked up once, here, not on every message.
+            readers[messageType] = Self.reader(of: readable)
             decodables.remove(messageType)
         } else {
             readers[messageType] = nil
             decodables.insert(messageType)
         }
+    }
+
+    private static func reader<Payload: WireReadable & Sendable>(of _: Payload.Type) -> @Sendable (WireObject) throws -> any Sendable {
+        { object in try Payload(wire: object) }
     }
 
     /// Reads `body`.
