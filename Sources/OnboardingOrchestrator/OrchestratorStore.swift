@@ -122,8 +122,7 @@ enum OrchestratorStore {
 
     /// The largest uid with a row (by byte order, SQLite's for text), or "" when there is none.
     static func largestUID(in db: Database) throws -> String {
-        let largest: String?? = try db.fetchOneHot("SELECT max(uid) FROM person", { _ in }, read: { $0.optionalString(0) })
-        return (largest ?? nil) ?? ""
+        try db.fetchOneHot("SELECT max(uid) FROM person", { _ in }, read: { $0.optionalString(0) ?? "" }) ?? ""
     }
 
     /// Everyone with work under way (a pending check or clean-up), to resume after a restart.
