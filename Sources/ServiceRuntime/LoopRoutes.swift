@@ -29,12 +29,18 @@ struct LoopRoutes: Sendable {
         var attachment: AttachmentRule
         var writes: Bool
         var database: any DatabaseWriter
-        /// Runs the handler in `db`: the encoded reply, or `nil` when the handler answers later
-        /// through `responder`.
+        /// Runs the handler in `db`: how to make the reply once the transaction has committed
+        /// (encoding waits until then, so that the events the commit publishes leave first), or
+        /// `nil` when the handler answers later through `responder`.
         var run:
             @Sendable (_ payload: any Sendable, _ context: RequestContext, _ db: Database, _ responder: RawRequest) throws ->
-                OutgoingMessage?
+                LoopRoutes.Answer?
     }
+
+    /// A reply decided in a transaction, made once that transaction has committed: the events
+    /// the commit publishes leave before the reply is even encoded. (A response that cannot be
+    /// encoded, which our types never are, is answered with `internalError` after its commit.)
+    typealias Answer = () -> OutgoingMessage
 
     private(set) var routes: [String: Route] = [:]
     private(set) var reader = EnvelopeReader()
@@ -62,14 +68,17 @@ public struct LoopReply<Response: Codable & Sendable>: Sendable {
     /// Answers with `result`: the response, or the error.
     public func send(_ result: Result<Response, ServiceError>) {
         switch result {
-        case .success(let response):
-            do {
-                responder.reply(try encode(response))
-            } catch {
-                responder.reply(context.message.errorReply(ServiceError(.internalError, "The reply could not be encoded: \(error)"), source: source))
-            }
-        case .failure(let error):
-            responder.reply(context.message.errorReply(error, source: source))
+        case .success(let response): responder.reply(reply(response))
+        case .failure(let error): responder.reply(context.message.errorReply(error, source: source))
+        }
+    }
+
+    /// `response` encoded, or an `internalError` reply when it cannot be.
+    func reply(_ response: Response) -> OutgoingMessage {
+        do {
+            return try encode(response)
+        } catch {
+            return context.message.errorReply(ServiceError(.internalError, "The reply could not be encoded: \(error)"), source: source)
         }
     }
 
@@ -134,7 +143,7 @@ extension RequestDispatcher {
                         responder: responder, context: context, source: source, replyType: Request.replyType,
                         replyUID: replyUID)
                     guard let response = try handler(request, context, db, reply) else { return nil }
-                    return try reply.encode(response)
+                    return { reply.reply(response) }
                 }))
     }
 
@@ -213,26 +222,26 @@ extension RequestDispatcher {
     /// Runs `jobs` together and answers them (those whose handlers answer later, later).
     private func run(_ jobs: [LoopJob]) {
         guard !jobs.isEmpty else { return }
-        let replies: [OutgoingMessage?]
+        let answers: [LoopRoutes.Answer?]
         do {
-            replies = try runTogether(jobs)
+            answers = try runTogether(jobs)
         } catch {
             // One of them failed after writing (or the store failed): each on its own, so the
             // others commit.
-            replies = jobs.map { job in
+            answers = jobs.map { job in
                 do {
                     return try runTogether([job])[0]
                 } catch let error as ServiceError {
-                    return job.context.message.errorReply(error, source: source)
+                    return { job.context.message.errorReply(error, source: source) }
                 } catch {
                     logger.error("\(job.context.message.header.type) failed: \(error)", metadata: ["id": "\(job.context.message.header.id)"])
                     let failure = ServiceError(.storeUnavailable, "The store failed. Nothing was changed; try again.")
-                    return job.context.message.errorReply(failure, source: source)
+                    return { job.context.message.errorReply(failure, source: source) }
                 }
             }
         }
-        for (job, reply) in zip(jobs, replies) {
-            if let reply { job.raw.reply(reply) }
+        for (job, answer) in zip(jobs, answers) {
+            if let answer { job.raw.reply(answer()) }
         }
     }
 
@@ -250,8 +259,8 @@ extension RequestDispatcher {
     /// transaction, then the writing ones in one write transaction.
     /// A refusal before any change becomes that job's error reply; any other failure is thrown
     /// (after rolling back).
-    private func runTogether(_ jobs: [LoopJob]) throws -> [OutgoingMessage?] {
-        var replies = [OutgoingMessage?](repeating: nil, count: jobs.count)
+    private func runTogether(_ jobs: [LoopJob]) throws -> [LoopRoutes.Answer?] {
+        var answers = [LoopRoutes.Answer?](repeating: nil, count: jobs.count)
         let source = self.source
         // Reads first: when the writes fail and everything runs again one by one, nothing runs
         // twice that has committed.
@@ -259,7 +268,7 @@ extension RequestDispatcher {
             let indices = jobs.indices.filter { jobs[$0].route.writes == writes }
             guard let first = indices.first else { continue }
             let database = jobs[first].route.database
-            let run = { (db: Database) throws -> [OutgoingMessage?] in
+            let run = { (db: Database) throws -> [LoopRoutes.Answer?] in
                 try indices.map { index in
                     let job = jobs[index]
                     let changes = db.totalChangesCount
@@ -271,16 +280,16 @@ extension RequestDispatcher {
                         // Refused before it wrote anything, and the batch's transaction is still
                         // open (SQLite had not rolled it back over a failed statement): answer
                         // this request alone and go on with the rest.
-                        return job.context.message.errorReply(refusal, source: source)
+                        return { job.context.message.errorReply(refusal, source: source) }
                     }
                 }
             }
             // Reads run on the writer's connection, between its transactions and outside one:
             // no snapshot to open and close, and no write can come between a read's statements.
             let made = writes ? try database.writeTransaction(run) : try database.writeWithoutTransaction(run)
-            for (index, reply) in zip(indices, made) { replies[index] = reply }
+            for (index, answer) in zip(indices, made) { answers[index] = answer }
         }
-        return replies
+        return answers
     }
 }
 

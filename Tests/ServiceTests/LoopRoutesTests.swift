@@ -127,4 +127,47 @@ struct LoopRoutesTests {
             #expect(try database.read { try Int.fetchOne($0, sql: "SELECT COUNT(*) FROM item") } == 0)
         }
     }
+
+    struct Stamp: APIRequest {
+        typealias Response = Stamped
+        static let type = "test.stamp"
+        var token: String
+    }
+
+    /// A response that says, in its JSON, whether its transaction had committed when it was
+    /// encoded (that transaction's commit hook records its token).
+    struct Stamped: Codable, Sendable {
+        static let committed = Mutex<Set<String>>([])
+
+        var token: String
+        var encodedAfterCommit = false
+
+        init(token: String) { self.token = token }
+
+        func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            try container.encode(token, forKey: .token)
+            try container.encode(Self.committed.withLock { $0.contains(token) }, forKey: .encodedAfterCommit)
+        }
+    }
+
+    @Test("a reply is made after its batch has committed, so the events of the commit leave first")
+    func replyAfterCommit() throws {
+        try withDatabase { database in
+            var dispatcher = RequestDispatcher(source: "test", sessions: nil, serviceToken: nil, logger: quietLogger)
+            dispatcher.onLoop(Stamp.self, access: .open, database: database) { request, _, db in
+                try db.execute(sql: "INSERT INTO item (name) VALUES (?)", arguments: [request.token])
+                db.afterNextTransaction(onCommit: { _ in _ = Stamped.committed.withLock { $0.insert(request.token) } })
+                return Stamped(token: request.token)
+            }
+            let replies = Replies()
+            let token = UUID().uuidString
+            dispatcher.handleOnLoop(
+                [try replies.request(Stamp(token: token), number: 0)], refusing: nil, rejected: {},
+                defer: { _ in Issue.record("deferred") })
+            let stamped = try #require(replies.messages.withLock { $0[0] }).payload(as: Stamped.self)
+            #expect(stamped.token == token)
+            #expect(stamped.encodedAfterCommit, "the reply was encoded inside the transaction, before its commit")
+        }
+    }
 }
