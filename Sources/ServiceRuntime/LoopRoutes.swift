@@ -131,6 +131,8 @@ extension RequestDispatcher {
         case .endingSession: preconditionFailure("\(Request.type): endingSession is checked by its handler; use on(_:access:...)")
         }
         let source = self.source
+        // Built once here: `replyType` is a concatenation, made anew on every use.
+        let replyType = Request.replyType
         loop.add(
             Request.self,
             route: LoopRoutes.Route(
@@ -140,7 +142,7 @@ extension RequestDispatcher {
                         throw ServiceError(.internalError, "\(Request.type) was read as the wrong type.")
                     }
                     let reply = LoopReply<Request.Response>(
-                        responder: responder, context: context, source: source, replyType: Request.replyType,
+                        responder: responder, context: context, source: source, replyType: replyType,
                         replyUID: replyUID)
                     guard let response = try handler(request, context, db, reply) else { return nil }
                     return { reply.reply(response) }

@@ -510,7 +510,9 @@ final class IOLoop: @unchecked Sendable {
 
     /// `frames` is [peer identity, routing frames..., empty delimiter, JSON, attachment?].
     private func handleRequest(_ frames: [Data], on server: Server, serverID: UInt64, batch: inout [RawRequest]) {
-        guard frames.count > 1, let delimiter = frames[1...].firstIndex(where: \.isEmpty) else {
+        // A closure, not the key path `\.isEmpty`: applying a key path costs runtime lookups per
+        // request (about 1 % of a loop thread's time at 1,000 sign-ins/s, `perf record`).
+        guard frames.count > 1, let delimiter = frames[1...].firstIndex(where: { $0.isEmpty }) else {
             // No delimiter: answer as a plain DEALER would expect, [empty, error], and count it.
             queue.count { $0.rejectedRequests += 1 }
             let error = ServiceError(
