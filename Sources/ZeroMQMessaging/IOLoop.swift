@@ -235,9 +235,11 @@ final class IOLoop: @unchecked Sendable {
     }
 
     /// Milliseconds until the nearest deadline, or -1 (wait for an event) when there is none.
+    /// Computed before every wait, so without building arrays or applying key paths.
     private func pollTimeout(now: UInt64) -> Int {
-        let nextRetirement = retiring.lazy.map(\.closeAt).min()
-        guard let next = [deadlines.first?.time, nextRetirement].compactMap({ $0 }).min() else { return -1 }
+        var next = deadlines.first?.time ?? .max
+        for server in retiring where server.closeAt < next { next = server.closeAt }
+        if next == .max { return -1 }
         if next <= now { return 0 }
         return Int((next - now + 999_999) / 1_000_000)
     }
