@@ -15,7 +15,10 @@ import OnboardingAPI
 /// A handler that refuses with a ``ServiceError`` before it has changed anything (a bad subject,
 /// a name taken) is answered with that error and the batch goes on. When one throws after it
 /// has written, the batch's transaction is rolled back and its requests run again, one
-/// transaction each, so one failure costs the others nothing but time.
+/// transaction each, so one failure costs the others nothing but time. Replies are encoded after
+/// the commit, so that the commit (and the events it publishes) does not wait for them; a
+/// response that cannot be encoded (none of ours can fail) is answered with `internalError`
+/// saying the request was carried out, and logged.
 ///
 /// Access: ``Access/open``, ``Access/service`` and ``Access/serviceWithoutUID`` are checked on
 /// the spot. ``Access/session`` asks the ``LoopSessionVerifier`` from the bus's thread and runs
@@ -30,16 +33,15 @@ struct LoopRoutes: Sendable {
         var writes: Bool
         var database: any DatabaseWriter
         /// Runs the handler in `db`: how to make the reply once the transaction has committed
-        /// (encoding waits until then, so that the events the commit publishes leave first), or
+        /// (so that the commit, and the events it publishes, do not wait for the encoding), or
         /// `nil` when the handler answers later through `responder`.
         var run:
             @Sendable (_ payload: any Sendable, _ context: RequestContext, _ db: Database, _ responder: RawRequest) throws ->
                 LoopRoutes.Answer?
     }
 
-    /// A reply decided in a transaction, made once that transaction has committed: the events
-    /// the commit publishes leave before the reply is even encoded. (A response that cannot be
-    /// encoded, which our types never are, is answered with `internalError` after its commit.)
+    /// A reply decided in a transaction, made once that transaction has committed: the commit,
+    /// and the events it publishes, do not wait for the reply's encoding.
     typealias Answer = () -> OutgoingMessage
 
     private(set) var routes: [String: Route] = [:]
@@ -64,6 +66,7 @@ public struct LoopReply<Response: Codable & Sendable>: Sendable {
     let source: String
     let replyType: String
     let replyUID: (@Sendable (Response) -> String?)?
+    let logger: Logger
 
     /// Answers with `result`: the response, or the error.
     public func send(_ result: Result<Response, ServiceError>) {
@@ -73,12 +76,17 @@ public struct LoopReply<Response: Codable & Sendable>: Sendable {
         }
     }
 
-    /// `response` encoded, or an `internalError` reply when it cannot be.
+    /// `response` encoded, or an `internalError` reply when it cannot be (logged: the request
+    /// itself was carried out, and its changes are committed).
     func reply(_ response: Response) -> OutgoingMessage {
         do {
             return try encode(response)
         } catch {
-            return context.message.errorReply(ServiceError(.internalError, "The reply could not be encoded: \(error)"), source: source)
+            let type = context.message.header.type
+            logger.error("\(type) was carried out, but its reply could not be encoded: \(error)", metadata: ["id": "\(context.message.header.id)"])
+            let failure = ServiceError(
+                .internalError, "\(type) was carried out, but its reply could not be encoded; see \(source)'s log.")
+            return context.message.errorReply(failure, source: source)
         }
     }
 
@@ -131,6 +139,7 @@ extension RequestDispatcher {
         case .endingSession: preconditionFailure("\(Request.type): endingSession is checked by its handler; use on(_:access:...)")
         }
         let source = self.source
+        let logger = self.logger
         // Built once here: `replyType` is a concatenation, made anew on every use.
         let replyType = Request.replyType
         loop.add(
@@ -143,7 +152,7 @@ extension RequestDispatcher {
                     }
                     let reply = LoopReply<Request.Response>(
                         responder: responder, context: context, source: source, replyType: replyType,
-                        replyUID: replyUID)
+                        replyUID: replyUID, logger: logger)
                     guard let response = try handler(request, context, db, reply) else { return nil }
                     return { reply.reply(response) }
                 }))

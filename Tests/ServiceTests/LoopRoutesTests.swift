@@ -151,7 +151,7 @@ struct LoopRoutesTests {
         }
     }
 
-    @Test("a reply is made after its batch has committed, so the events of the commit leave first")
+    @Test("a reply is encoded after its batch has committed: the commit and its events do not wait for it")
     func replyAfterCommit() throws {
         try withDatabase { database in
             var dispatcher = RequestDispatcher(source: "test", sessions: nil, serviceToken: nil, logger: quietLogger)
