@@ -34,6 +34,10 @@ final class Engine: Sendable {
     /// has no row, so nothing is read for them. A new account's uid is time-ordered, above
     /// everyone stored before, so a sign-in of a new account reads nothing before it writes.
     let largestStoredUID = KeptSinceCommit<String>()
+    /// The largest stored uid the transaction under way will have committed: set at the end of
+    /// `apply`, kept by its commit (one transaction observer for both this and `stale`: GRDB
+    /// rebuilds its statement caches for every observer added).
+    private let largestAfterCommit = Mutex<String?>(nil)
     /// Inputs waiting for the bus's thread, and whether a job to commit them is on its way there.
     private let inbox = Mutex<(submissions: [Submission], scheduled: Bool, closed: Bool)>(([], false, false))
     /// Who is told the outcome of each "check me now" under way.
@@ -245,7 +249,19 @@ final class Engine: Sendable {
     ) throws -> [OnboardingStateMachine.Action] {
         var later: [OnboardingStateMachine.Action] = []
         // Registered first, so that a rollback anywhere below (the rebuild included) is noticed.
-        db.afterNextTransaction(onCommit: { _ in }, onRollback: { [self] _ in stale.store(true, ordering: .releasing) })
+        db.afterNextTransaction(
+            onCommit: { [self] db in
+                if let largest = largestAfterCommit.withLock({ $0.take() }) {
+                    largestStoredUID.keep(largest, committedIn: db)
+                } else {
+                    largestStoredUID.forget()
+                }
+            },
+            onRollback: { [self] _ in
+                stale.store(true, ordering: .releasing)
+                largestAfterCommit.withLock { $0 = nil }
+                largestStoredUID.forget()
+            })
         if stale.exchange(false, ordering: .acquiringAndReleasing) {
             // An earlier transaction rolled back after changing the machine: memory ran ahead of
             // the store. Start again from what is stored, and resume the work under way. The
@@ -305,9 +321,7 @@ final class Engine: Sendable {
             try OrchestratorStore.recordIntent(published, in: db)
             if Self.isAbove(published.intent.uid, largestStored) { largestStored = published.intent.uid }
         }
-        db.afterNextTransaction(
-            onCommit: { [self, largestStored] db in largestStoredUID.keep(largestStored, committedIn: db) },
-            onRollback: { [self] _ in largestStoredUID.forget() })
+        largestAfterCommit.withLock { $0 = largestStored }
         return later
     }
 
