@@ -122,7 +122,9 @@ extension RequestDispatcher {
 
     /// ``onLoop(_:access:database:writes:attachment:replyUID:_:)`` for a handler that may answer
     /// later: it returns `nil` and keeps the ``LoopReply`` (for an answer that depends on another
-    /// service, for example). The reply is sent after the batch's commit at the earliest.
+    /// service, for example). ``LoopReply/send(_:)`` sends at once, so call it once what the
+    /// reply reports has committed: never from inside the handler, whose batch's transaction is
+    /// still open, but later (from another task, or from `afterNextTransaction`'s `onCommit`).
     public mutating func onLoop<Request: APIRequest>(
         _: Request.Type,
         access: Access,
