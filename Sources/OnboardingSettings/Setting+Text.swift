@@ -81,21 +81,18 @@ extension Setting {
         }
     }
 
-    /// The README's Configuration tables, one per group: every setting, its default and range,
+    /// The README's Configuration table: every setting, grouped, with its default and range,
     /// who reads it and what it does. A test keeps the README's copy equal to this.
     public static func markdownTables() -> String {
-        var out: [String] = []
+        var out = ["| variable | flag | default | read by | what it does |", "|---|---|---|---|---|"]
         for group in Group.allCases {
             let settings = all.filter { $0.group == group }
             guard !settings.isEmpty else { continue }
-            out.append("**\(group.rawValue)**")
-            out.append("")
-            out.append("| variable | flag | default | read by | what it does |")
-            out.append("|---|---|---|---|---|")
+            out.append("| **\(group.rawValue)** | | | | |")
             for setting in settings {
                 var defaultCell = "`\(setting.defaultText)`"
                 if case .value = setting.defaultValue {} else { defaultCell = setting.defaultText }
-                if let allowed = setting.allowedText, setting.kind != .toggle, setting.kind != .path {
+                if let allowed = setting.allowedText, ![.toggle, .path, .endpoint, .httpAddress].contains(setting.kind) {
                     defaultCell += " (\(allowed))"
                 }
                 let readers = setting.programs.sorted().map(\.shortName).joined(separator: ", ")
@@ -103,9 +100,8 @@ extension Setting {
                 out.append(
                     "| `\(setting.environmentVariable)` | `\(setting.flag)` | \(escaped(defaultCell)) | \(readers) | \(escaped(meaning)) |")
             }
-            out.append("")
         }
-        return out.joined(separator: "\n")
+        return out.joined(separator: "\n") + "\n"
     }
 
     private static func escaped(_ text: String) -> String {
