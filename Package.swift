@@ -177,6 +177,7 @@ let package = Package(
             name: "onboarding-fake-provider",
             dependencies: [
                 "FakeIdentityProvider",
+                "OnboardingSettings",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

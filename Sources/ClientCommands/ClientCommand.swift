@@ -11,7 +11,7 @@ public struct ClientCommand: AsyncParsableCommand {
         commandName: "onboarding-client",
         abstract: "Drive the onboarding flows as an app would: sign in, check, set up a profile, sign out, withdraw.",
         discussion: """
-            The session from sign-in is kept in a small state file (--state-file, env \(Setting.clientState.environmentVariable), \
+            The session from sign-in is kept in a small state file (--client-state, env \(Setting.clientState.environmentVariable), \
             default ~/.onboarding-client/session.json) for the commands after it. Errors are printed with their \
             code and a hint, and the command exits with status 1.
             """,
@@ -28,11 +28,11 @@ struct ClientOptions: ParsableArguments {
     @OptionGroup var endpoints: EndpointOptions
     @OptionGroup var calls: CallOptions
     @Option(help: ArgumentHelp(Setting.clientState.helpLine))
-    var stateFile: String?
+    var clientState: String?
     @Flag(help: "Print the reply as one JSON object instead of text.")
     var json = false
 
-    var sessionFile: SessionFile { SessionFile(path: stateFile ?? SessionFile.defaultPath) }
+    var sessionFile: SessionFile { SessionFile(path: clientState ?? SessionFile.defaultPath) }
 
     /// Runs `body` with a client holding the saved session.
     func withClient<T: Sendable>(_ body: (OnboardingClient) async throws -> T) async throws -> T {
