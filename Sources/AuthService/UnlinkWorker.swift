@@ -92,6 +92,7 @@ final class UnlinkWorker: Sendable {
     /// sent again after the restart (unlinking twice is harmless at every provider).
     func run() async {
         for line in configuration.providers.summary { logger.info("\(line)") }
+        var signal = self.signal.makeWaiter()
         while !Task.isCancelled {
             let now = store.clock()
             var pause: TimeInterval?

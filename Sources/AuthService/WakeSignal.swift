@@ -1,54 +1,34 @@
-import Synchronization
-
-/// Wakes one waiting task, or the next one to wait: a wake-up with nobody waiting is kept, so
-/// none is lost between a check and a wait.
+/// Wakes one waiting task, or its next wait: a wake-up with nobody waiting is kept (one at
+/// most), so none is lost between a check and a wait. An `AsyncStream` that keeps its newest
+/// element, and a waiter that races it against a timeout.
 ///
-/// Thread safety: ``wake()`` from any thread or task; one task waits at a time.
-final class WakeSignal: Sendable {
-    private struct State {
-        var pending = false
-        var waiter: CheckedContinuation<Void, Never>?
-    }
-    private let state = Mutex(State())
+/// Thread safety: ``wake()`` from any thread or task; one task holds the ``Waiter``.
+struct WakeSignal: Sendable {
+    private let wakeUps = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
 
-    func wake() {
-        let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
-            guard let waiter = state.waiter else {
-                state.pending = true
-                return nil
-            }
-            state.waiter = nil
-            return waiter
-        }
-        waiter?.resume()
+    func wake() { wakeUps.continuation.yield() }
+
+    /// The waiting side, for the one task that waits.
+    func makeWaiter() -> Waiter {
+        Waiter(wakeUps: wakeUps.stream.makeAsyncIterator(), wake: wakeUps.continuation)
     }
 
-    /// Returns at the next wake-up (at once if one is pending), after `timeout` when given, or
-    /// when the task is cancelled.
-    func wait(timeout: Duration?) async {
-        await withTaskGroup(of: Void.self) { group in
-            if let timeout {
-                group.addTask {
-                    guard (try? await Task.sleep(for: timeout)) != nil else { return }
-                    self.wake()
-                }
-            }
-            await withTaskCancellationHandler {
-                await withCheckedContinuation { continuation in
-                    let ready = state.withLock { state -> Bool in
-                        if state.pending {
-                            state.pending = false
-                            return true
-                        }
-                        state.waiter = continuation
-                        return false
+    struct Waiter {
+        fileprivate var wakeUps: AsyncStream<Void>.Iterator
+        fileprivate let wake: AsyncStream<Void>.Continuation
+
+        /// Returns at the next wake-up (at once if one is pending), after `timeout` when given,
+        /// or when the task is cancelled.
+        mutating func wait(timeout: Duration?) async {
+            await withTaskGroup(of: Void.self) { group in
+                if let timeout {
+                    group.addTask { [wake] in
+                        if (try? await Task.sleep(for: timeout)) != nil { wake.yield() }
                     }
-                    if ready { continuation.resume() }
                 }
-            } onCancel: {
-                self.wake()
+                _ = await wakeUps.next()
+                group.cancelAll()
             }
-            group.cancelAll()
         }
     }
 }

@@ -86,7 +86,7 @@ extension MessageBus {
 extension MessageBus {
     /// Sends a request that is safe to repeat, and sends it again after a failure that may pass
     /// (by default ``ErrorCode/retryable``: `timeout`, `noResponder`, `overloaded`,
-    /// `shuttingDown`), waiting with exponential backoff and jitter between attempts, until
+    /// `shuttingDown`, `storeUnavailable`, `dependencyUnavailable`), waiting with exponential backoff and jitter between attempts, until
     /// `deadline` has passed since the first attempt.
     ///
     /// Use it for queries, and for commands that are idempotent: those that carry an
@@ -138,6 +138,26 @@ extension MessageBus {
         attachment: Data? = nil,
         schedule: RetrySchedule
     ) async throws -> Request.Response {
+        var log = RetryLog()
+        return try await call(
+            request, to: endpoint, source: source, uid: uid, sessionToken: sessionToken, serviceToken: serviceToken,
+            correlationId: correlationId, attachment: attachment, schedule: schedule, log: &log)
+    }
+
+    /// The same, noting each failed attempt's code in `log` (to tell a resend's answers apart:
+    /// see ``RetryLog/mayHaveActedBefore``).
+    public func call<Request: APIRequest>(
+        _ request: Request,
+        to endpoint: Endpoint,
+        source: String,
+        uid: String? = nil,
+        sessionToken: String? = nil,
+        serviceToken: String? = nil,
+        correlationId: String? = nil,
+        attachment: Data? = nil,
+        schedule: RetrySchedule,
+        log: inout RetryLog
+    ) async throws -> Request.Response {
         let clock = ContinuousClock()
         let start = clock.now
         var attempt = 1
@@ -159,6 +179,7 @@ extension MessageBus {
                     if let unanswered, ErrorCode.notHandled.contains(error.code) { throw unanswered }
                     throw error
                 }
+                log.failures.append(error.code)
                 try await Task.sleep(for: delay, clock: clock)
                 attempt += 1
                 // The sleep may have run late: no attempt outlives the deadline.

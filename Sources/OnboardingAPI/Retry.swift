@@ -18,20 +18,39 @@ public struct RetryPolicy: Sendable, Hashable {
 }
 
 extension ErrorCode {
-    /// The failures after which a request that is safe to repeat is sent again: no reply in
-    /// time (`timeout`: the service may or may not have acted), nothing listening
-    /// (`noResponder`), and a service that turned the request away before handling it
-    /// (`overloaded`, `shuttingDown`).
+    /// The failures that may pass by themselves, after which a request that is safe to repeat
+    /// is sent again: no reply in time (`timeout`: the service may or may not have acted),
+    /// nothing listening (`noResponder`), a service that turned the request away before
+    /// handling it (`overloaded`, `shuttingDown`), and a service whose store or dependency (a
+    /// provider's key set, another service) failed for a moment (`storeUnavailable`,
+    /// `dependencyUnavailable`). The one list of them: clients, the services' own calls and
+    /// the chaos test all retry on these.
     ///
     /// Not `closed`: that is the caller's own bus shutting down, and no retry can succeed.
     /// Not a service's refusal (`profileExists`, `usernameTaken`, `unauthenticated`, …): the
     /// same request would be refused again.
-    public static let retryable: Set<ErrorCode> = [.timeout, .noResponder, .overloaded, .shuttingDown]
+    public static let retryable: Set<ErrorCode> = [
+        .timeout, .noResponder, .overloaded, .shuttingDown, .storeUnavailable, .dependencyUnavailable,
+    ]
 
     /// The failures that prove the request was not acted on: never delivered (`noResponder`)
     /// or turned away before any handler ran (`overloaded`, `shuttingDown`). Retrying on these
     /// alone is safe even for a request that is not idempotent, such as `auth.signIn`.
     public static let notHandled: Set<ErrorCode> = [.noResponder, .overloaded, .shuttingDown]
+}
+
+/// What became of a call's attempts that failed: their codes, in order.
+public struct RetryLog: Sendable, Hashable {
+    public var failures: [ErrorCode] = []
+
+    public init() {}
+
+    /// Whether an attempt may have been acted on without its reply arriving (it timed out):
+    /// then a later attempt can find the first one's work done (`profileExists`, an account
+    /// that is not new…).
+    public var mayHaveActedBefore: Bool { failures.contains(.timeout) }
+    /// Whether the request was sent more than once.
+    public var resent: Bool { !failures.isEmpty }
 }
 
 /// When to send a request again, as a value: which failures are retried, the backoff between

@@ -10,8 +10,9 @@ import Synchronization
 /// says what happened: a service's refusal (`usernameTaken`, `unauthenticated`, …) or the bus's
 /// own `timeout` and `noResponder`.
 ///
-/// Retries: every call is resent after a failure that may pass (`timeout`, `noResponder`,
-/// `overloaded`, `shuttingDown`), with backoff, until ``Configuration/deadline``, when it is
+/// Retries: every call is resent after a failure that may pass (``ErrorCode/retryable``:
+/// `timeout`, `noResponder`, `overloaded`, `shuttingDown`, `storeUnavailable`,
+/// `dependencyUnavailable`), with backoff, until ``Configuration/deadline``, when it is
 /// safe to repeat: the queries, `onboarding.check`, sign-out and withdrawal (auth answers a
 /// repeat with the first answer), and ``setUpProfile(username:image:contentType:idempotencyKey:)``,
 /// whose every attempt carries one idempotency key. Sign-in is resent only after failures that

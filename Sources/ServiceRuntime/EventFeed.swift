@@ -364,10 +364,13 @@ public final class EventFeed: Sendable {
                     serviceToken: serviceToken, timeout: callTimeout)
             } catch {
                 if Task.isCancelled { return nil }
+                // Failures that pass by themselves (and this bus closing) are warnings; others (a
+                // wrong service token, a publisher that does not answer `events.after`) are
+                // retried too, but logged as errors.
                 attempt += 1
                 let delay = retry.delay(attempt: attempt)
                 let message: Logger.Message = "events.after \(cursor) at \(replay) failed (\(error)); retry \(attempt) in \(delay)"
-                if let error = error as? ServiceError, Self.transient.contains(error.code) {
+                if let error = error as? ServiceError, ErrorCode.retryable.contains(error.code) || error.code == .closed {
                     logger.warning(message)
                 } else {
                     logger.error(message)
@@ -377,10 +380,6 @@ public final class EventFeed: Sendable {
         }
         return nil
     }
-
-    /// Failures that go away by themselves; others (a wrong service token, a publisher that does
-    /// not answer `events.after`) are retried too, but logged as errors.
-    private static let transient: Set<ErrorCode> = [.timeout, .noResponder, .shuttingDown, .overloaded, .closed]
 
     /// Subscribes to every topic at ``events``, trying until it works. `nil` when cancelled.
     private func subscribe() async -> AsyncStream<Message>? {

@@ -25,7 +25,9 @@ struct CallRetryingTests {
             #expect(policy.delay(attempt: 1_000) == .seconds(1))
         }
 
-        @Test("the failures that may pass are retried", arguments: [ErrorCode.timeout, .noResponder, .overloaded, .shuttingDown])
+        @Test("the failures that may pass are retried", arguments: [
+            ErrorCode.timeout, .noResponder, .overloaded, .shuttingDown, .storeUnavailable, .dependencyUnavailable,
+        ])
         func retriedCodes(code: ErrorCode) {
             let decision = schedule.decision(after: ServiceError(code, "x"), attempt: 1, elapsed: .zero, random: 0)
             #expect(decision == .retry(delay: .milliseconds(100), timeout: .seconds(2)))
@@ -33,7 +35,7 @@ struct CallRetryingTests {
 
         @Test("a refusal, and our own bus closing, end the call at once", arguments: [
             ErrorCode.closed, .profileExists, .usernameTaken, .unauthenticated, .invalidRequest, .invalidMessage,
-            .internalError, .dependencyUnavailable,
+            .internalError, .imageRejected,
         ])
         func refusalsAreNotRetried(code: ErrorCode) {
             #expect(schedule.decision(after: ServiceError(code, "x"), attempt: 1, elapsed: .zero, random: 0) == .giveUp)

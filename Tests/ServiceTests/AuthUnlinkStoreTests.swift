@@ -105,8 +105,13 @@ struct AuthUnlinkWorkerTests {
     @Test("a wake-up before the wait is kept; a wait with a timeout ends by itself")
     func wakeSignal() async {
         let signal = WakeSignal()
+        var waiter = signal.makeWaiter()
         signal.wake()
-        await signal.wait(timeout: nil)
-        await signal.wait(timeout: .milliseconds(1))
+        await waiter.wait(timeout: nil)
+        await waiter.wait(timeout: .milliseconds(1))
+        // A wake-up from another task ends a wait that has no timeout.
+        let waking = Task { signal.wake() }
+        await waiter.wait(timeout: nil)
+        await waking.value
     }
 }
