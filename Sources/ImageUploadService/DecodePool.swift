@@ -15,6 +15,10 @@ import Synchronization
 /// Threading: every method may be called from any thread or task. The threads start in `init`
 /// and end after ``shutdown()`` (or when the pool is released), once the jobs already queued
 /// have run.
+///
+/// Why ours: libvips and its codecs recurse on the thread's stack and need 8 MiB stacks; NIO's
+/// `NIOThreadPool` starts threads with the platform's default stack (which depends on the
+/// ulimit), and a full queue must refuse with `overloaded` rather than queue without bound.
 final class DecodePool: Sendable {
     /// What the pool has done since it started.
     struct Statistics: Sendable, Hashable {

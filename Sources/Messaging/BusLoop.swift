@@ -71,6 +71,11 @@ public protocol BusLoopRegistration: Sendable {
 /// the queue is empty.
 ///
 /// Threading: ``submit(_:)`` from any thread; jobs run on the loop thread only.
+///
+/// Why ours: a serial `DispatchQueue` may run successive jobs on different threads, and the
+/// contract, like the ZeroMQ bus's I/O thread, is one thread for the bus's life
+/// (`BusLoopContractTests`); NIO's one-thread pool would bring NIO into the interface module
+/// that every user's tests link.
 final class LoopThread: Sendable {
     private let queue = JobQueue()
 

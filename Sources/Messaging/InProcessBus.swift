@@ -349,6 +349,11 @@ public final class InProcessBus: MessageBus {
 /// For bus implementations. Threading: any thread; state sits behind a mutex and the
 /// continuation is resumed outside it. A result that arrives before ``install(_:)`` is kept and
 /// delivered when the continuation is installed.
+///
+/// Why ours: three parties race to end one wait (a reply from the I/O thread, a timeout or
+/// shutdown from the bus, the caller's cancellation) and the first must win wherever it runs,
+/// even before the caller has suspended; a continuation alone cannot take an early result, and
+/// an `AsyncStream` per call costs an allocation and a task hop on the hot path.
 public final class ReplyWaiter: Sendable {
     private struct State {
         var continuation: CheckedContinuation<Message, any Error>?

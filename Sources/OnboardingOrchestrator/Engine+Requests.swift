@@ -113,6 +113,10 @@ extension Engine {
 /// asked ahead) and hands them on once, when the last of them arrives.
 ///
 /// Threading: both callbacks run on the bus's thread; the mutex keeps it correct from anywhere.
+///
+/// Why ours: a mutex around a three-field state machine, as the model packages do; both answers
+/// arrive as callbacks on the bus's thread, where a task per check (`async let`) would cost a
+/// task and two continuations on the "check me now" path.
 final class CheckJoin: Sendable {
     typealias Ready = (session: Result<String, ServiceError>, profile: Result<ProfileResult, ServiceError>?)
 

@@ -523,6 +523,10 @@ struct FeedProgress: Sendable {
 ///
 /// Bounded: when the feed falls behind, the newest events are dropped; the gap they leave is
 /// fetched later. Thread safety: state behind a mutex; one task waits at a time.
+///
+/// Why ours: an `AsyncStream` with `.bufferingOldest` drops the newest events as this does, but
+/// its wait cannot time out without a task per wait, and the feed must wake on a timer to
+/// fetch a gap; this is one mutex and one continuation.
 final class LiveMailbox: Sendable {
     enum Wake { case ready, timedOut, finished }
 

@@ -121,6 +121,9 @@ final class RefusalCounts: Sendable {
 /// draining server has nothing left in flight.
 ///
 /// Thread safety: all state behind one mutex; continuations are resumed outside it.
+///
+/// Why ours: an async semaphore that refuses (rather than queues) once draining and says when
+/// the last request is answered; neither swift-async-algorithms nor NIO offers one.
 final class InFlight: Sendable {
     private struct State {
         var running = 0

@@ -56,6 +56,10 @@ struct OutgoingRequest: Sendable {
 /// itself (replies and events from a loop handler) wake nothing: a reply or an event with
 /// nothing queued before it (commands the loop has taken and not yet carried out included) is
 /// sent there and then, anything else is taken as soon as the handler returns.
+///
+/// Why ours: the I/O thread sleeps in `zmq_poll`, so it must be woken through a file descriptor
+/// it polls (the eventfd); no library queue (AsyncChannel, NIO's) wakes a thread blocked in
+/// libzmq.
 final class CommandQueue: Sendable {
     private struct State {
         var commands: [Command] = []
