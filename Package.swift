@@ -51,6 +51,8 @@ let package = Package(
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
         .package(url: "https://github.com/mattpolzin/OpenAPIKit", from: "6.4.0"),
+        .package(url: "https://github.com/apple/swift-configuration", from: "1.4.0"),
+        .package(url: "https://github.com/apple/swift-system", from: "1.8.1"),
     ],
     targets: [
         // MARK: Messaging
@@ -85,11 +87,29 @@ let package = Package(
             ]
         ),
 
+        // MARK: Settings (each declared once: flags, environment, file, help, README table)
+
+        .target(
+            name: "OnboardingSettings",
+            dependencies: [
+                "Messaging",
+                .product(name: "Configuration", package: "swift-configuration"),
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
+        .testTarget(
+            name: "OnboardingSettingsTests",
+            dependencies: [
+                "OnboardingSettings", "OnboardingAPI", "AuthIdentity", "ProfileService", "OnboardingGateway",
+                .product(name: "Configuration", package: "swift-configuration"),
+            ]
+        ),
+
         // MARK: The product's wire types and rules
 
         .target(
             name: "OnboardingAPI",
-            dependencies: ["Messaging"]
+            dependencies: ["Messaging", "OnboardingSettings"]
         ),
         .testTarget(
             name: "OnboardingAPITests",
@@ -102,14 +122,28 @@ let package = Package(
             name: "ServiceRuntime",
             dependencies: [
                 "Messaging",
-                "ZeroMQMessaging",
                 "OnboardingAPI",
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                "OnboardingSettings",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 // SQLite's C API, for the few statements on the hot path (see HotStatement.swift).
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
+            ]
+        ),
+
+        // MARK: Hosting (what every service and gateway executable does at start: settings,
+        // logging, the ZeroMQ bus, the service group, signals, exit-with-parent)
+
+        .target(
+            name: "ServiceHosting",
+            dependencies: [
+                "Messaging",
+                "ZeroMQMessaging",
+                "OnboardingSettings",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
 
@@ -143,6 +177,7 @@ let package = Package(
             name: "onboarding-fake-provider",
             dependencies: [
                 "FakeIdentityProvider",
+                "OnboardingSettings",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -161,17 +196,16 @@ let package = Package(
             dependencies: [
                 "ServiceRuntime",
                 "AuthIdentity",
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
-        .executableTarget(name: "auth-service", dependencies: ["AuthService"]),
+        .executableTarget(name: "auth-service", dependencies: ["AuthService", "ServiceHosting"]),
 
         .target(
             name: "ProfileService",
             dependencies: ["ServiceRuntime"]
         ),
-        .executableTarget(name: "profile-service", dependencies: ["ProfileService"]),
+        .executableTarget(name: "profile-service", dependencies: ["ProfileService", "ServiceHosting"]),
 
         // libvips (Debian's libvips-dev) decodes, strips and re-encodes every image. CVips wraps
         // its variadic C calls in plain functions Swift can call. pkg-config `gobject-2.0`, not
@@ -194,18 +228,19 @@ let package = Package(
             name: "ImageUploadService",
             dependencies: ["ServiceRuntime", "CVips"]
         ),
-        .executableTarget(name: "image-upload-service", dependencies: ["ImageUploadService"]),
+        .executableTarget(name: "image-upload-service", dependencies: ["ImageUploadService", "ServiceHosting"]),
 
         .target(
             name: "OnboardingOrchestrator",
             dependencies: ["ServiceRuntime"]
         ),
-        .executableTarget(name: "onboarding-orchestrator", dependencies: ["OnboardingOrchestrator"]),
+        .executableTarget(name: "onboarding-orchestrator", dependencies: ["OnboardingOrchestrator", "ServiceHosting"]),
 
         .testTarget(
             name: "ServiceTests",
             dependencies: [
                 "AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator", "ImageFixtures",
+                "ZeroMQMessaging",
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ]
         ),
@@ -301,7 +336,7 @@ let package = Package(
             ],
             resources: [.copy("Resources/openapi.json"), .copy("Resources/demo.html")]
         ),
-        .executableTarget(name: "onboarding-gateway", dependencies: ["OnboardingGateway"]),
+        .executableTarget(name: "onboarding-gateway", dependencies: ["OnboardingGateway", "ServiceHosting"]),
         .testTarget(
             name: "GatewayTests",
             dependencies: [

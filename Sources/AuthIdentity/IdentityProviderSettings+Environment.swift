@@ -1,16 +1,24 @@
 import Foundation
 import Messaging
 import OnboardingAPI
+import OnboardingSettings
 
 extension IdentityProviderSettings {
-    /// Every setting's variable, for `--help` and the README's table.
-    public static let variables: [String] =
-        [Provider.google, .apple, .kakao].flatMap { provider in
-            ["CLIENT_IDS", "ISSUERS", "JWKS_URL"].map { variable(provider, $0) }
-        } + [variable(.naver, "CLIENT_IDS"), variable(.naver, "PROFILE_URL"), "ONBOARDING_AUTH_TOKEN_LEEWAY_SECONDS"]
+    /// The settings read here.
+    public static let settings: [Setting] = [
+        .googleClientIDs, .googleIssuers, .googleJWKSURL, .appleClientIDs, .appleIssuers, .appleJWKSURL,
+        .kakaoClientIDs, .kakaoIssuers, .kakaoJWKSURL, .naverClientIDs, .naverProfileURL, .authTokenLeewaySeconds,
+    ]
 
-    /// The settings from `values` (the environment, with command-line flags already put in
-    /// under the same names); what is not given keeps its default.
+    /// The settings a program was started with; what is not given keeps its default.
+    ///
+    /// - Throws: ``ServiceError`` `invalidRequest` naming the setting whose value cannot work.
+    public init(_ settings: Settings) throws {
+        self = try Self.fromEnvironment(settings.environmentValues(Self.settings))
+    }
+
+    /// The settings from `values`, by environment variable; what is not given keeps its
+    /// default.
     ///
     /// - `ONBOARDING_<GOOGLE|APPLE|KAKAO>_CLIENT_IDS`, `_ISSUERS`: comma-separated lists.
     /// - `ONBOARDING_<GOOGLE|APPLE|KAKAO>_JWKS_URL`, `ONBOARDING_NAVER_PROFILE_URL`: `https://`,
@@ -48,11 +56,11 @@ extension IdentityProviderSettings {
         }
         if let ids = list(variable(.naver, "CLIENT_IDS")) { settings.naver.clientIDs = ids }
         if let profile = try url(variable(.naver, "PROFILE_URL")) { settings.naver.profileURL = profile }
-        if let raw = values["ONBOARDING_AUTH_TOKEN_LEEWAY_SECONDS"] {
+        if let raw = values[Setting.authTokenLeewaySeconds.environmentVariable] {
             guard let seconds = Int(raw.trimmingCharacters(in: .whitespaces)), (0...600).contains(seconds) else {
                 throw ServiceError(
                     .invalidRequest,
-                    "ONBOARDING_AUTH_TOKEN_LEEWAY_SECONDS (--token-leeway-seconds) is \"\(raw)\"; give whole seconds from 0 to 600.")
+                    "\(Setting.authTokenLeewaySeconds) is \"\(raw)\"; give whole seconds from 0 to 600.")
             }
             settings.clockLeeway = TimeInterval(seconds)
         }

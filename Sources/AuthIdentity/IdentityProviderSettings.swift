@@ -1,6 +1,7 @@
 import Foundation
 import Messaging
 import OnboardingAPI
+import OnboardingSettings
 
 /// How auth verifies sign-ins with one OpenID Connect provider (Google, Apple, Kakao): which
 /// issuer and audiences an ID token must name, and where the provider publishes its keys.
@@ -128,7 +129,7 @@ public struct IdentityProviderSettings: Sendable, Hashable {
             .unauthenticated,
             "Sign-in with \(provider.rawValue) is not configured on this auth service: it has no client id for "
                 + "\(provider.rawValue). Set \(variable) (--\(provider.rawValue)-client-ids), or sign in with "
-                + "another provider (for local use only, auth's --dev-mode trusts subjects without tokens).",
+                + "another provider (for local use only, auth's \(Setting.authDevMode.flag) trusts subjects without tokens).",
             reason: IdentityRefusal.providerNotConfigured.rawValue)
     }
 
@@ -149,9 +150,14 @@ public struct IdentityProviderSettings: Sendable, Hashable {
         }
     }
 
-    /// The environment variable of one provider setting: `ONBOARDING_<PROVIDER>_<NAME>`.
+    /// The environment variable of one provider setting, `ONBOARDING_<PROVIDER>_<NAME>`, as
+    /// the setting's declaration spells it.
     public static func variable(_ provider: Provider, _ name: String) -> String {
-        "ONBOARDING_\(provider.rawValue.uppercased())_\(name)"
+        let key = "\(provider.rawValue).\(name.lowercased().split(separator: "_").enumerated().map { $0 == 0 ? String($1) : $1.capitalized }.joined())"
+        guard let setting = Setting.all.first(where: { $0.key == key }) else {
+            preconditionFailure("no setting \(key) is declared in Setting+Catalog.swift")
+        }
+        return setting.environmentVariable
     }
 }
 

@@ -4,6 +4,7 @@ import GRDB
 import Logging
 import Messaging
 import OnboardingAPI
+import OnboardingSettings
 import Synchronization
 
 /// How auth unlinks withdrawn accounts at their providers.
@@ -36,14 +37,12 @@ public struct UnlinkConfiguration: Sendable {
         self.observer = observer
     }
 
-    /// The providers' unlink settings from the environment (`UnlinkSettings.fromEnvironment`),
-    /// the rest as defaults.
+    /// The providers' unlink settings from the settings a program was started with, the rest
+    /// as defaults.
     ///
     /// - Throws: ``ServiceError`` `invalidRequest` naming a setting that cannot work.
-    public static func fromEnvironment(
-        _ values: [String: String] = ProcessInfo.processInfo.environment
-    ) throws -> UnlinkConfiguration {
-        UnlinkConfiguration(providers: try UnlinkSettings.fromEnvironment(values))
+    public init(_ settings: Settings) throws {
+        self.init(providers: try UnlinkSettings(settings))
     }
 }
 

@@ -4,6 +4,7 @@ import Foundation
 import Logging
 import Messaging
 import OnboardingAPI
+import OnboardingSettings
 
 /// `onboarding-chaos`: the chaos test against a compose deployment.
 public struct ChaosCommand: AsyncParsableCommand {
@@ -63,17 +64,17 @@ public struct ChaosCommand: AsyncParsableCommand {
     @Option(help: "An image file every set-up with an image sends (such as compose/sample.png). Default: a small PNG of each person's own.")
     var image: String?
 
-    @Option(help: "The system's data directory. Env: ONBOARDING_DATA_DIR. Default: \(Defaults.dataDirectory)")
+    @Option(help: ArgumentHelp(Setting.dataDir.helpLine))
     var dataDir: String?
     @Option(help: "Where compose keeps the services' pid files. Default: <data-dir>/run")
     var runDir: String?
-    @Option(help: "auth's database. Env: ONBOARDING_AUTH_DATABASE. Default: <data-dir>/auth.sqlite")
+    @Option(help: ArgumentHelp(Setting.authDatabase.helpLine))
     var authDatabase: String?
-    @Option(help: "profile's database. Env: ONBOARDING_PROFILE_DATABASE. Default: <data-dir>/profile.sqlite")
+    @Option(help: ArgumentHelp(Setting.profileDatabase.helpLine))
     var profileDatabase: String?
-    @Option(help: "image-upload's folder. Env: ONBOARDING_IMAGE_DIR. Default: <data-dir>/images")
+    @Option(help: ArgumentHelp(Setting.imageDir.helpLine))
     var imageDir: String?
-    @Option(help: "The services' shared secret, for onboarding.routes and events.after. Env: ONBOARDING_SERVICE_TOKEN. Default: read from <data-dir>/service.token")
+    @Option(help: ArgumentHelp("For onboarding.routes and events.after: " + Setting.serviceToken.helpLine))
     var serviceToken: String?
 
     @OptionGroup var endpoints: EndpointOptions
@@ -146,10 +147,12 @@ public struct ChaosCommand: AsyncParsableCommand {
     }
 
     func makeConfiguration() async throws -> ChaosConfiguration {
-        let dataDirectory = dataDir ?? Settings.environment("ONBOARDING_DATA_DIR") ?? Defaults.dataDirectory
-        func path(_ flag: String?, env: String, _ name: String) -> String {
-            flag ?? Settings.environment(env) ?? "\(dataDirectory)/\(name)"
-        }
+        let settings = Settings(
+            flags: [
+                Setting.dataDir: dataDir, .authDatabase: authDatabase, .profileDatabase: profileDatabase, .imageDir: imageDir,
+                .serviceToken: serviceToken,
+            ].compactMapValues { $0 })
+        let dataDirectory = settings.dataDirectory
         let endpoints = ChaosEndpoints(
             authRPC: endpoints.authRPC, profileRPC: endpoints.profileRPC, imageRPC: endpoints.imageRPC,
             orchestratorRPC: endpoints.orchestratorRPC, routes: endpoints.routesEndpoint)
@@ -160,13 +163,7 @@ public struct ChaosCommand: AsyncParsableCommand {
             }
             imageBytes = bytes
         }
-        var token = serviceToken ?? Settings.environment("ONBOARDING_SERVICE_TOKEN")
-        if token == nil {
-            let file = "\(dataDirectory)/service.token"
-            token = await Blocking.run { FileManager.default.contents(atPath: file) }.map {
-                String(decoding: $0, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
-            }
-        }
+        let token = await Blocking.run { try? settings.serviceToken(create: false) } ?? nil
         var seedGenerator = SystemRandomNumberGenerator()
         return ChaosConfiguration(
             people: people, concurrency: concurrency,
@@ -180,9 +177,9 @@ public struct ChaosCommand: AsyncParsableCommand {
                 checks: Double(checkPercent) / 100, endSignedOut: Double(signOutPercent) / 100),
             endpoints: endpoints,
             stores: StoreLocations(
-                authDatabase: path(authDatabase, env: "ONBOARDING_AUTH_DATABASE", "auth.sqlite"),
-                profileDatabase: path(profileDatabase, env: "ONBOARDING_PROFILE_DATABASE", "profile.sqlite"),
-                imageDirectory: path(imageDir, env: "ONBOARDING_IMAGE_DIR", "images")),
+                authDatabase: settings.path(.authDatabase, derived: "\(dataDirectory)/auth.sqlite"),
+                profileDatabase: settings.path(.profileDatabase, derived: "\(dataDirectory)/profile.sqlite"),
+                imageDirectory: settings.path(.imageDir, derived: "\(dataDirectory)/images")),
             runDirectory: runDir ?? "\(dataDirectory)/run",
             serviceToken: token?.isEmpty == false ? token : nil,
             requestTimeout: .milliseconds(timeoutMs), personTimeout: .seconds(personTimeout),

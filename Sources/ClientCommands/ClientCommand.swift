@@ -3,6 +3,7 @@ import Foundation
 import Messaging
 import OnboardingAPI
 import OnboardingClient
+import OnboardingSettings
 
 /// `onboarding-client`: drives the flows an app drives, one command at a time.
 public struct ClientCommand: AsyncParsableCommand {
@@ -10,7 +11,7 @@ public struct ClientCommand: AsyncParsableCommand {
         commandName: "onboarding-client",
         abstract: "Drive the onboarding flows as an app would: sign in, check, set up a profile, sign out, withdraw.",
         discussion: """
-            The session from sign-in is kept in a small state file (--state-file, env ONBOARDING_CLIENT_STATE, \
+            The session from sign-in is kept in a small state file (--client-state, env \(Setting.clientState.environmentVariable), \
             default ~/.onboarding-client/session.json) for the commands after it. Errors are printed with their \
             code and a hint, and the command exits with status 1.
             """,
@@ -26,12 +27,12 @@ public struct ClientCommand: AsyncParsableCommand {
 struct ClientOptions: ParsableArguments {
     @OptionGroup var endpoints: EndpointOptions
     @OptionGroup var calls: CallOptions
-    @Option(help: "Where the session is kept between commands. Env: ONBOARDING_CLIENT_STATE.")
-    var stateFile: String?
+    @Option(help: ArgumentHelp(Setting.clientState.helpLine))
+    var clientState: String?
     @Flag(help: "Print the reply as one JSON object instead of text.")
     var json = false
 
-    var sessionFile: SessionFile { SessionFile(path: stateFile ?? SessionFile.defaultPath) }
+    var sessionFile: SessionFile { SessionFile(path: clientState ?? SessionFile.defaultPath) }
 
     /// Runs `body` with a client holding the saved session.
     func withClient<T: Sendable>(_ body: (OnboardingClient) async throws -> T) async throws -> T {

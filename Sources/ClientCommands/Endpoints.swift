@@ -4,30 +4,52 @@ import Logging
 import Messaging
 import OnboardingAPI
 import OnboardingClient
+import OnboardingSettings
 import ZeroMQMessaging
 
-/// Where the services are, for the command-line tools.
+/// Where the services are, for the command-line tools: each a flag, with its environment
+/// variable and default from the setting's declaration.
 public struct EndpointOptions: ParsableArguments {
-    @Option(help: "auth's request endpoint. Env: ONBOARDING_AUTH_RPC. Default: \(Defaults.authRPC)")
+    @Option(help: ArgumentHelp(Setting.authRPC.helpLine))
     var authRpc: String?
-    @Option(help: "profile's request endpoint. Env: ONBOARDING_PROFILE_RPC. Default: \(Defaults.profileRPC)")
+    @Option(help: ArgumentHelp(Setting.profileRPC.helpLine))
     var profileRpc: String?
-    @Option(help: "image-upload's request endpoint. Env: ONBOARDING_IMAGE_RPC. Default: \(Defaults.imageRPC)")
+    @Option(help: ArgumentHelp(Setting.imageRPC.helpLine))
     var imageRpc: String?
-    @Option(help: "The orchestrator's request endpoint. Env: ONBOARDING_ORCHESTRATOR_RPC. Default: \(Defaults.orchestratorRPC)")
+    @Option(help: ArgumentHelp(Setting.orchestratorRPC.helpLine))
     var orchestratorRpc: String?
-    @Option(help: "The route-intent publisher. Env: ONBOARDING_ROUTES. Default: \(Defaults.routes)")
+    @Option(help: ArgumentHelp(Setting.routes.helpLine))
     var routes: String?
 
     public init() {}
 
-    public var authRPC: Endpoint { Settings.endpoint(authRpc, env: "ONBOARDING_AUTH_RPC", default: Defaults.authRPC) }
-    public var profileRPC: Endpoint { Settings.endpoint(profileRpc, env: "ONBOARDING_PROFILE_RPC", default: Defaults.profileRPC) }
-    public var imageRPC: Endpoint { Settings.endpoint(imageRpc, env: "ONBOARDING_IMAGE_RPC", default: Defaults.imageRPC) }
-    public var orchestratorRPC: Endpoint {
-        Settings.endpoint(orchestratorRpc, env: "ONBOARDING_ORCHESTRATOR_RPC", default: Defaults.orchestratorRPC)
+    /// The flags given, by setting.
+    var flags: [Setting: String] {
+        [Setting.authRPC: authRpc, .profileRPC: profileRpc, .imageRPC: imageRpc, .orchestratorRPC: orchestratorRpc, .routes: routes]
+            .compactMapValues { $0 }
     }
-    public var routesEndpoint: Endpoint { Settings.endpoint(routes, env: "ONBOARDING_ROUTES", default: Defaults.routes) }
+
+    /// Checks every endpoint before the command runs, so the getters below cannot fail.
+    public func validate() throws {
+        let settings = Settings(flags: flags)
+        do {
+            for setting in [Setting.authRPC, .profileRPC, .imageRPC, .orchestratorRPC, .routes] {
+                _ = try settings.endpoint(setting)
+            }
+        } catch let error as SettingError {
+            throw ValidationError(error.description)
+        }
+    }
+
+    private func endpoint(_ setting: Setting) -> Endpoint {
+        (try? Settings(flags: flags).endpoint(setting)) ?? Endpoint(setting.defaultText)
+    }
+
+    public var authRPC: Endpoint { endpoint(.authRPC) }
+    public var profileRPC: Endpoint { endpoint(.profileRPC) }
+    public var imageRPC: Endpoint { endpoint(.imageRPC) }
+    public var orchestratorRPC: Endpoint { endpoint(.orchestratorRPC) }
+    public var routesEndpoint: Endpoint { endpoint(.routes) }
 
     func clientConfiguration(_ calls: CallOptions) -> OnboardingClient.Configuration {
         OnboardingClient.Configuration(

@@ -3,14 +3,16 @@ import Foundation
 import Messaging
 import OnboardingAPI
 import OnboardingClient
+import OnboardingSettings
 
 /// The small file the client CLI keeps the session in between commands.
 struct SessionFile {
     let path: String
 
     static var defaultPath: String {
-        if let path = Settings.environment("ONBOARDING_CLIENT_STATE") { return path }
-        let home = Settings.environment("HOME") ?? FileManager.default.currentDirectoryPath
+        if let path = Settings().text(.clientState) { return path }
+        let home = ProcessInfo.processInfo.environment["HOME"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? FileManager.default.currentDirectoryPath
         return home + "/.onboarding-client/session.json"
     }
 

@@ -4,6 +4,7 @@ import Logging
 import Messaging
 import OnboardingAPI
 import OnboardingClient
+import OnboardingSettings
 import ServiceLifecycle
 import ZeroMQMessaging
 
@@ -21,9 +22,9 @@ public struct TapCommand: AsyncParsableCommand {
     var uid: String?
     @Flag(help: "First print the intent in force for the person (or for everyone), then follow live. Needs the service token.")
     var current = false
-    @Option(help: "The service token, for --current. Env: ONBOARDING_SERVICE_TOKEN. Default: read from <data-dir>/service.token")
+    @Option(help: ArgumentHelp("For --current: " + Setting.serviceToken.helpLine))
     var serviceToken: String?
-    @Option(help: "Where the running system keeps its data, for the service token. Env: ONBOARDING_DATA_DIR. Default: \(Defaults.dataDirectory)")
+    @Option(help: ArgumentHelp("For --current, the service token: " + Setting.dataDir.helpLine))
     var dataDir: String?
     @Flag(help: "Print one JSON object per line instead of text.")
     var json = false
@@ -45,11 +46,11 @@ public struct TapCommand: AsyncParsableCommand {
         let useColor = color == .always || (color == .auto && Terminal.standardOutputIsTerminal)
         var token: String?
         if current {
-            let directory = dataDir ?? Settings.environment("ONBOARDING_DATA_DIR") ?? Defaults.dataDirectory
-            token = serviceToken ?? Settings.environment("ONBOARDING_SERVICE_TOKEN") ?? ServiceTokenFile(directory: directory).read()
+            let settings = Settings(flags: [Setting.serviceToken: serviceToken, .dataDir: dataDir].compactMapValues { $0 })
+            token = try settings.serviceToken(create: false)
             guard token != nil else {
                 throw ValidationError(
-                    "--current needs the service token: pass --service-token, set ONBOARDING_SERVICE_TOKEN, or point --data-dir at the running system's data directory (no service.token in \(directory)).")
+                    "--current needs the service token: pass --service-token, set \(Setting.serviceToken.environmentVariable), or point --data-dir at the running system's data directory (no service.token in \(settings.dataDirectory)).")
             }
         }
         // Uids are lowercase UUIDs; topics match byte for byte.

@@ -2,6 +2,7 @@ import ArgumentParser
 import ClientCommands
 import Foundation
 import OnboardingAPI
+import OnboardingSettings
 
 extension Scenario: ExpressibleByArgument {}
 
@@ -93,7 +94,7 @@ public struct BenchCommand: ParsableCommand {
     @Option(help: "A note stored with the result (such as a commit).")
     var label: String?
 
-    @Option(help: "The system's data directory, for compose's pid files. Env: ONBOARDING_DATA_DIR. Default: \(Defaults.dataDirectory)")
+    @Option(help: ArgumentHelp("For compose's pid files: " + Setting.dataDir.helpLine))
     var dataDir: String?
     @Option(help: "Where compose keeps the services' pid files. Default: <data-dir>/run")
     var runDir: String?
@@ -128,7 +129,7 @@ public struct BenchCommand: ParsableCommand {
                 throw ValidationError("--baseline \(baseline) is not a result of onboarding-bench --json: \(error)")
             }
         }
-        let dataDirectory = dataDir ?? Settings.environment("ONBOARDING_DATA_DIR") ?? Defaults.dataDirectory
+        let dataDirectory = Settings(flags: [Setting.dataDir: dataDir].compactMapValues { $0 }).dataDirectory
         let settings = BenchSettings(
             scenario: scenario, authRPC: endpoints.authRPC.rawValue, orchestratorRPC: endpoints.orchestratorRPC.rawValue,
             routes: endpoints.routesEndpoint.rawValue, runDirectory: runDir ?? "\(dataDirectory)/run", prepWindow: prepWindow,

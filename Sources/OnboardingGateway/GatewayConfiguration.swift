@@ -77,11 +77,9 @@ public struct GatewayConfiguration: Sendable {
     }
 }
 
-/// The gateway's defaults (the README's Configuration lists the same).
+/// The gateway's defaults: where `ONBOARDING_GATEWAY_HTTP`'s default listens.
 public enum GatewayDefaults {
-    /// `ONBOARDING_GATEWAY_HOST`
     public static let host = "127.0.0.1"
-    /// `ONBOARDING_GATEWAY_PORT`
     public static let port = 8080
     public static let name = "onboarding-gateway"
 }

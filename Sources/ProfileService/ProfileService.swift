@@ -1,6 +1,7 @@
 import Logging
 import Messaging
 import OnboardingAPI
+import OnboardingSettings
 import ServiceLifecycle
 import ServiceRuntime
 
@@ -36,7 +37,7 @@ public struct ProfileService: Service {
         /// How long published events are kept for replay (`events.after`).
         public var eventRetention: Outbox.Retention
 
-        public static let defaultCacheCapacity = 100_000
+        public static let defaultCacheCapacity = Int(Setting.profileCacheCapacity.defaultText)!
 
         public init(
             rpc: Endpoint = Defaults.profileRPC,

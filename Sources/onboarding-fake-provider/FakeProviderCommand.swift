@@ -2,6 +2,7 @@ import ArgumentParser
 import FakeIdentityProvider
 import Foundation
 import OnboardingAPI
+import OnboardingSettings
 
 /// `onboarding-fake-provider`: Google, Apple, Kakao and Naver on this machine, for trying auth's
 /// production mode (`serve`), and the tokens they would give an app (`token`).
@@ -21,9 +22,14 @@ struct FakeProviderCommand: AsyncParsableCommand {
         var keyFile: String?
 
         var url: URL {
-            let dataDirectory = ProcessInfo.processInfo.environment["ONBOARDING_DATA_DIR"] ?? ".data"
+            let dataDirectory = Settings().dataDirectory
             return URL(fileURLWithPath: keyFile ?? "\(dataDirectory)/fake-provider/keys.json")
         }
+    }
+
+    /// One shell line that sets these settings' variables.
+    static func export(_ values: [(Setting, String)]) -> String {
+        "export " + values.map { "\($0.0.environmentVariable)=\($0.1)" }.joined(separator: " ")
     }
 
     struct Serve: AsyncParsableCommand {
@@ -46,23 +52,32 @@ struct FakeProviderCommand: AsyncParsableCommand {
             try await fake.run(port: port) { _ in
                 var lines = [
                     "fake identity providers at \(base) (keys in \(keys.url.path))",
-                    "Start auth in production mode against them with:", "", "export ONBOARDING_AUTH_DEV_MODE=0",
+                    "Start auth in production mode against them with:", "", export([(.authDevMode, "0")]),
                 ]
+                let clientIDs: [Provider: Setting] = [
+                    .google: .googleClientIDs, .apple: .appleClientIDs, .kakao: .kakaoClientIDs, .naver: .naverClientIDs,
+                ]
+                let keySets: [Provider: Setting] = [.google: .googleJWKSURL, .apple: .appleJWKSURL, .kakao: .kakaoJWKSURL]
                 for provider in FakeIdentityProvider.oidcProviders {
-                    let name = provider.rawValue.uppercased()
-                    lines.append("export ONBOARDING_\(name)_CLIENT_IDS=\(FakeIdentityProvider.defaultClientID(provider))")
-                    lines.append("export ONBOARDING_\(name)_JWKS_URL=\(FakeIdentityProvider.jwksURL(provider, base: base))")
+                    lines.append(export([
+                        (clientIDs[provider]!, FakeIdentityProvider.defaultClientID(provider)),
+                        (keySets[provider]!, FakeIdentityProvider.jwksURL(provider, base: base)),
+                    ]))
                 }
-                lines.append("export ONBOARDING_NAVER_CLIENT_IDS=\(FakeIdentityProvider.defaultClientID(.naver))")
-                lines.append("export ONBOARDING_NAVER_PROFILE_URL=\(FakeIdentityProvider.naverProfileURL(base: base))")
+                lines.append(export([
+                    (.naverClientIDs, FakeIdentityProvider.defaultClientID(.naver)),
+                    (.naverProfileURL, FakeIdentityProvider.naverProfileURL(base: base)),
+                ]))
                 lines += [
                     "", "and to unlink withdrawals at them (README: Unlinking at the provider on withdrawal):",
-                    "export ONBOARDING_APPLE_TEAM_ID=FAKETEAM01 ONBOARDING_APPLE_KEY_ID=FAKEKEY01",
-                    "export ONBOARDING_APPLE_PRIVATE_KEY_PATH=\(appleKey.path)",
-                    "export ONBOARDING_APPLE_TOKEN_URL=\(base)\(FakeIdentityProvider.appleTokenPath) ONBOARDING_APPLE_REVOKE_URL=\(base)/apple/auth/revoke",
-                    "export ONBOARDING_KAKAO_ADMIN_KEY=fake-kakao-admin-key ONBOARDING_KAKAO_UNLINK_URL=\(base)/kakao/v1/user/unlink",
-                    "export ONBOARDING_NAVER_CLIENT_SECRET=fake-naver-secret ONBOARDING_NAVER_TOKEN_URL=\(base)/naver/oauth2.0/token",
-                    "export ONBOARDING_GOOGLE_UNLINK=1 ONBOARDING_GOOGLE_REVOKE_URL=\(base)/google/revoke",
+                    export([(.appleTeamID, "FAKETEAM01"), (.appleKeyID, "FAKEKEY01")]),
+                    export([(.applePrivateKeyPath, appleKey.path)]),
+                    export([
+                        (.appleTokenURL, "\(base)\(FakeIdentityProvider.appleTokenPath)"), (.appleRevokeURL, "\(base)/apple/auth/revoke"),
+                    ]),
+                    export([(.kakaoAdminKey, "fake-kakao-admin-key"), (.kakaoUnlinkURL, "\(base)/kakao/v1/user/unlink")]),
+                    export([(.naverClientSecret, "fake-naver-secret"), (.naverTokenURL, "\(base)/naver/oauth2.0/token")]),
+                    export([(.googleUnlink, "1"), (.googleRevokeURL, "\(base)/google/revoke")]),
                 ]
                 // Written at once and unbuffered, so a terminal or a pipe sees it while serving.
                 FileHandle.standardOutput.write(Data((lines.joined(separator: "\n") + "\n\n").utf8))

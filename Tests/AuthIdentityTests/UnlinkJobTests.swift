@@ -92,13 +92,6 @@ struct UnlinkJobTests {
         #expect(Provider.allCases.allSatisfy(settings.isConfigured))
     }
 
-    @Test("the README's settings table names every unlink variable")
-    func documented() throws {
-        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-        let readme = try String(contentsOf: root.appendingPathComponent("README.md"), encoding: .utf8)
-        for variable in UnlinkSettings.variables { #expect(readme.contains("`\(variable)`"), "\(variable)") }
-    }
-
     @Test("the Apple key is read from its .p8 file")
     func appleKeyFile() throws {
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("AuthKey_\(UUID().uuidString).p8")

@@ -47,7 +47,7 @@ final class RunningExecutables: Sendable {
         ]) { $1 }
         var services: [Process] = []
         for (name, arguments) in [
-            ("auth-service", ["--dev-mode"]), ("profile-service", []), ("image-upload-service", []),
+            ("auth-service", ["--auth-dev-mode"]), ("profile-service", []), ("image-upload-service", []),
             ("onboarding-orchestrator", []),
         ] {
             services.append(try Self.launch(name, arguments, environment))

@@ -255,7 +255,7 @@ import Testing
 @Suite struct PartsCommandTests {
     @Test("the parts benchmark runs every piece, and refuses a count of 0")
     func runs() throws {
-        var command = try PartsCommand.parse(["--count", "20", "--rounds", "1"])
+        let command = try PartsCommand.parse(["--count", "20", "--rounds", "1"])
         try command.run()
         #expect(throws: (any Error).self) { try PartsCommand.parse(["--count", "0"]) }
     }

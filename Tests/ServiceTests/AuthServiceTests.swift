@@ -187,7 +187,7 @@ struct AuthServiceTests {
             let error = await expectError(.unauthenticated) { try await signIn(.google, "alice", idToken: "eyJ...") }
             #expect(error?.reason == "providerNotConfigured")
             #expect(error?.message.contains("ONBOARDING_GOOGLE_CLIENT_IDS") == true)
-            #expect(error?.message.contains("--dev-mode") == true)
+            #expect(error?.message.contains("--auth-dev-mode") == true)
             try await bus.waitUntilAnswering(rpc, source: "test")
         }
     }

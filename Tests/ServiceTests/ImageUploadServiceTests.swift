@@ -4,6 +4,7 @@ import ImageUploadService
 import Logging
 import Messaging
 import OnboardingAPI
+import OnboardingSettings
 import ServiceRuntime
 import Synchronization
 import Testing
@@ -410,15 +411,19 @@ struct ImageUploadServiceTests {
 
     @Test("the image settings take a flag, then the environment, then the default, within their ranges")
     func imageSettings() throws {
-        #expect(try Settings.imagePixelLimit(nil) == Defaults.maxImagePixels)
-        #expect(try Settings.imagePixelLimit(12_000_000) == 12_000_000)
-        #expect(try Settings.imageSideLimit(nil) == Defaults.maxImageSide)
-        #expect(try Settings.imageSideLimit(4096) == 4096)
-        #expect(try Settings.imageDecodeThreads(nil) == Defaults.imageDecodeThreads)
-        #expect(try Settings.imageDecodeThreads(4) == 4)
-        for refused in [{ try Settings.imagePixelLimit(0) }, { try Settings.imageSideLimit(100_001) }, { try Settings.imageDecodeThreads(65) }] {
-            let error = #expect(throws: ServiceError.self) { _ = try refused() }
-            #expect(error?.message.contains("ONBOARDING_") == true, "\(String(describing: error))")
+        let defaults = try ImageUploadService.Configuration(Settings(environment: ["ONBOARDING_SERVICE_TOKEN": "t"]))
+        #expect(defaults.imageLimits.maxPixels == Defaults.maxImagePixels && defaults.imageLimits.maxSide == Defaults.maxImageSide)
+        #expect(defaults.decodeThreads == Defaults.imageDecodeThreads && defaults.maxImageBytes == Defaults.maxImageBytes)
+        let given = try ImageUploadService.Configuration(
+            Settings(
+                flags: [.maxImagePixels: "12000000", .imageDecodeThreads: "4"],
+                environment: ["ONBOARDING_MAX_IMAGE_SIDE": "4096", "ONBOARDING_IMAGE_DECODE_THREADS": "3", "ONBOARDING_SERVICE_TOKEN": "t"]))
+        #expect(given.imageLimits.maxPixels == 12_000_000 && given.imageLimits.maxSide == 4096 && given.decodeThreads == 4)
+        for (setting, value) in [(Setting.maxImagePixels, "0"), (.maxImageSide, "100001"), (.imageDecodeThreads, "65")] {
+            let error = #expect(throws: SettingError.self) {
+                _ = try ImageUploadService.Configuration(Settings(flags: [setting: value], environment: ["ONBOARDING_SERVICE_TOKEN": "t"]))
+            }
+            #expect(error?.description.contains(setting.environmentVariable) == true, "\(String(describing: error))")
         }
     }
 

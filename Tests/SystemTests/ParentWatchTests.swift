@@ -16,7 +16,7 @@ struct ParentWatchTests {
         // The shell starts auth in the background, naming itself as the parent to outlive,
         // prints auth's pid, and exits when its input ends.
         shell.arguments = [
-            "-c", "ONBOARDING_EXIT_WITH_PARENT=$$ \"$0\" --dev-mode & echo $!; read line",
+            "-c", "ONBOARDING_EXIT_WITH_PARENT=$$ \"$0\" --auth-dev-mode & echo $!; read line",
             RunningSystem.binDirectory.appendingPathComponent("auth-service").path,
         ]
         shell.environment = ProcessInfo.processInfo.environment.merging([

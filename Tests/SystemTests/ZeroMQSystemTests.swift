@@ -47,7 +47,7 @@ final class RunningSystem: Sendable {
         let bin = Self.binDirectory
         var processes: [Process] = []
         for (name, arguments) in [
-            ("auth-service", ["--dev-mode"]), ("profile-service", []), ("image-upload-service", []),
+            ("auth-service", ["--auth-dev-mode"]), ("profile-service", []), ("image-upload-service", []),
             ("onboarding-orchestrator", []),
         ] {
             let process = Process()

@@ -5,6 +5,7 @@ import Logging
 import Messaging
 import OnboardingAPI
 import ProfileService
+import OnboardingSettings
 @testable import ServiceRuntime
 import Testing
 
@@ -241,13 +242,11 @@ struct OutboxReplayTests {
         #expect(Outbox.Retention(maxEvents: -4).pruneBound(oldest: 3, newest: 9, chunkEnd: 20, firstYoung: 3) == 9)
     }
 
-    @Test("the retention option: hours from the flag, range-checked")
+    @Test("the retention setting: hours from the flag, range-checked")
     func retentionOption() throws {
-        #expect(try Settings.eventRetentionHours(48) == 48)
-        var options = EventRetentionOptions()
-        options.eventRetentionHours = 2
-        #expect(try options.retention().maxAge == .seconds(7200))
-        #expect(throws: ServiceError.self) { try Settings.eventRetentionHours(0) }
+        #expect(try Outbox.Retention(Settings(flags: [.eventRetentionHours: "2"], environment: [:])).maxAge == .seconds(7200))
+        #expect(throws: SettingError.self) { try Outbox.Retention(Settings(flags: [.eventRetentionHours: "0"], environment: [:])) }
+        #expect(try Outbox.Retention(Settings(environment: [:])).maxAge == .seconds(24 * 3600))
         #expect(Outbox.Retention().maxAge == .seconds(24 * 3600))
     }
 

@@ -1,0 +1,25 @@
+import AuthIdentity
+import Foundation
+import OnboardingAPI
+import OnboardingSettings
+import ServiceRuntime
+
+extension AuthService.Configuration {
+    /// auth's configuration from the settings it was started with.
+    ///
+    /// - Throws: ``SettingError`` or ``ServiceError`` naming a setting that cannot work.
+    public init(_ settings: Settings) throws {
+        self.init(
+            rpc: try settings.endpoint(.authRPC),
+            events: try settings.endpoint(.authEvents),
+            databasePath: settings.databasePath(.authDatabase, name: "auth.sqlite"),
+            devMode: try settings.toggle(.authDevMode),
+            serviceToken: try settings.serviceToken(create: true),
+            eventRetention: try Outbox.Retention(settings),
+            identityProviders: try IdentityProviderSettings(settings),
+            sessions: SessionPolicy(
+                lifetime: TimeInterval(try settings.integer(.sessionLifetimeDays)) * 86_400,
+                maximumPerAccount: try settings.integer(.maxSessionsPerAccount)),
+            unlink: try UnlinkConfiguration(settings))
+    }
+}

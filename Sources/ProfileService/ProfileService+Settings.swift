@@ -1,0 +1,19 @@
+import OnboardingAPI
+import OnboardingSettings
+import ServiceRuntime
+
+extension ProfileService.Configuration {
+    /// profile's configuration from the settings it was started with.
+    ///
+    /// - Throws: ``SettingError`` naming a setting that cannot work.
+    public init(_ settings: Settings) throws {
+        self.init(
+            rpc: try settings.endpoint(.profileRPC),
+            events: try settings.endpoint(.profileEvents),
+            authRPC: try settings.endpoint(.authRPC),
+            databasePath: settings.databasePath(.profileDatabase, name: "profile.sqlite"),
+            cacheCapacity: try settings.integer(.profileCacheCapacity),
+            serviceToken: try settings.serviceToken(create: true),
+            eventRetention: try Outbox.Retention(settings))
+    }
+}
