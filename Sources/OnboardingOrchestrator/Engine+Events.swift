@@ -1,0 +1,63 @@
+import Messaging
+import OnboardingAPI
+
+/// The services' events as the machine's inputs, committed together with the cursor of the
+/// feed they came from.
+extension Engine {
+    /// Reads the events the engine handles in one pass, payload included.
+    static let eventReader: EnvelopeReader = {
+        var reader = EnvelopeReader()
+        reader.register(SignedIn.self, for: SignedIn.type)
+        reader.register(SignedOut.self, for: SignedOut.type)
+        reader.register(Withdrawn.self, for: Withdrawn.type)
+        reader.register(ProfileCreated.self, for: ProfileCreated.type)
+        reader.register(ProfileUpdated.self, for: ProfileUpdated.type)
+        reader.register(ProfileDeleted.self, for: ProfileDeleted.type)
+        return reader
+    }()
+
+    /// An ``EventFeed`` handler: the events' inputs and the feed's new cursor commit together.
+    func handle(_ events: [Message], from publisher: String, through sequence: UInt64) async throws {
+        try await withCheckedThrowingContinuation { continuation in
+            enqueue(Submission(inputs: inputs(from: events), cursor: (publisher, sequence), committed: continuation))
+        }
+    }
+
+    /// The hot path's ``EventFeed`` handler, on the bus's own thread: live events that follow
+    /// the cursor commit with it at once, and their intents are published after the commit.
+    func handleOnLoop(_ events: [Message], from publisher: String, through sequence: UInt64) throws {
+        try commitNow([Submission(inputs: inputs(from: events), cursor: (publisher, sequence))])
+    }
+
+    private func inputs(from events: [Message]) -> [OnboardingStateMachine.Input] {
+        var inputs: [OnboardingStateMachine.Input] = []
+        inputs.reserveCapacity(events.count)
+        for event in events {
+            do {
+                switch event.header.type {
+                case SignedIn.type:
+                    let signedIn = try event.payload(as: SignedIn.self)
+                    inputs.append(.signedIn(uid: signedIn.uid, isNewAccount: signedIn.isNewAccount, sessions: signedIn.sessions))
+                case SignedOut.type:
+                    let signedOut = try event.payload(as: SignedOut.self)
+                    inputs.append(.signedOut(uid: signedOut.uid, sessions: signedOut.sessions))
+                case Withdrawn.type: inputs.append(.withdrawn(uid: try event.payload(as: Withdrawn.self).uid))
+                // Profile events are ordered by their own sequence, not by when they arrive.
+                case ProfileCreated.type:
+                    let uid = try event.payload(as: ProfileCreated.self).profile.uid
+                    inputs.append(.profileCreated(uid: uid, asOf: event.header.sequence))
+                case ProfileUpdated.type:
+                    let uid = try event.payload(as: ProfileUpdated.self).profile.uid
+                    inputs.append(.profileUpdated(uid: uid, asOf: event.header.sequence))
+                case ProfileDeleted.type:
+                    let deleted = try event.payload(as: ProfileDeleted.self)
+                    inputs.append(.profileDeleted(uid: deleted.uid, reason: deleted.reason, asOf: event.header.sequence))
+                default: break
+                }
+            } catch {
+                logger.warning("ignored an unreadable \(event.header.type) event from \(event.header.source): \(error)")
+            }
+        }
+        return inputs
+    }
+}
