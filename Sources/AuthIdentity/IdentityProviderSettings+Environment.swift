@@ -29,33 +29,36 @@ extension IdentityProviderSettings {
     /// - Throws: ``ServiceError`` `invalidRequest` naming the variable whose value cannot work.
     public static func fromEnvironment(_ values: [String: String]) throws -> IdentityProviderSettings {
         var settings = IdentityProviderSettings()
-        func list(_ name: String) -> [String]? {
-            guard let raw = values[name] else { return nil }
+        func list(_ setting: Setting) -> [String]? {
+            guard let raw = values[setting.environmentVariable] else { return nil }
             return raw.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
         }
-        func url(_ name: String) throws -> String? {
-            guard let raw = values[name]?.trimmingCharacters(in: .whitespaces), !raw.isEmpty else { return nil }
-            try checkURL(raw, setting: name)
+        func url(_ setting: Setting) throws -> String? {
+            guard let raw = values[setting.environmentVariable]?.trimmingCharacters(in: .whitespaces), !raw.isEmpty
+            else { return nil }
+            try checkURL(raw, setting: setting.environmentVariable)
             return raw
         }
         for provider in [Provider.google, .apple, .kakao] {
-            guard var oidc = settings.oidc(provider) else { continue }
-            if let ids = list(variable(provider, "CLIENT_IDS")) { oidc.clientIDs = ids }
-            if let issuers = list(variable(provider, "ISSUERS")) {
+            guard var oidc = settings.oidc(provider), let issuersSetting = Setting.issuers(provider),
+                let jwksSetting = Setting.jwksURL(provider)
+            else { continue }
+            if let ids = list(.clientIDs(provider)) { oidc.clientIDs = ids }
+            if let issuers = list(issuersSetting) {
                 guard !issuers.isEmpty else {
-                    throw ServiceError(.invalidRequest, "\(variable(provider, "ISSUERS")) is empty; leave it unset for the default.")
+                    throw ServiceError(.invalidRequest, "\(issuersSetting.environmentVariable) is empty; leave it unset for the default.")
                 }
                 oidc.issuers = issuers
             }
-            if let jwks = try url(variable(provider, "JWKS_URL")) { oidc.jwksURL = jwks }
+            if let jwks = try url(jwksSetting) { oidc.jwksURL = jwks }
             switch provider {
             case .google: settings.google = oidc
             case .apple: settings.apple = oidc
             default: settings.kakao = oidc
             }
         }
-        if let ids = list(variable(.naver, "CLIENT_IDS")) { settings.naver.clientIDs = ids }
-        if let profile = try url(variable(.naver, "PROFILE_URL")) { settings.naver.profileURL = profile }
+        if let ids = list(.naverClientIDs) { settings.naver.clientIDs = ids }
+        if let profile = try url(.naverProfileURL) { settings.naver.profileURL = profile }
         if let raw = values[Setting.authTokenLeewaySeconds.environmentVariable] {
             guard let seconds = Int(raw.trimmingCharacters(in: .whitespaces)), (0...600).contains(seconds) else {
                 throw ServiceError(
@@ -70,16 +73,8 @@ extension IdentityProviderSettings {
     /// A provider URL must be `https`, or `http` to a loopback host (a fake provider on this
     /// machine): tokens are never checked against keys that crossed a network in the clear.
     static func checkURL(_ raw: String, setting: String) throws {
-        guard let components = URLComponents(string: raw), let scheme = components.scheme?.lowercased(),
-            let host = components.host, !host.isEmpty
-        else {
-            throw ServiceError(.invalidRequest, "\(setting) is \"\(raw)\", not a URL; give https://host/path.")
-        }
-        let loopback = host == "localhost" || host.hasPrefix("127.") || host == "::1" || host == "[::1]"
-        guard scheme == "https" || (scheme == "http" && loopback) else {
-            throw ServiceError(
-                .invalidRequest,
-                "\(setting) is \"\(raw)\"; it must be https:// (http:// only to 127.0.0.1 or localhost, for a local fake provider).")
+        if let problem = Setting.providerURLProblem(raw) {
+            throw ServiceError(.invalidRequest, "\(setting) is \"\(raw)\": \(problem).")
         }
     }
 }

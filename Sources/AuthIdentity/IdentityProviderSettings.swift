@@ -124,11 +124,10 @@ public struct IdentityProviderSettings: Sendable, Hashable {
 
     /// The error for a sign-in with a provider that is not configured: it names the setting.
     public func refusal(for provider: Provider) -> ServiceError {
-        let variable = Self.variable(provider, "CLIENT_IDS")
-        return ServiceError(
+        ServiceError(
             .unauthenticated,
             "Sign-in with \(provider.rawValue) is not configured on this auth service: it has no client id for "
-                + "\(provider.rawValue). Set \(variable) (--\(provider.rawValue)-client-ids), or sign in with "
+                + "\(provider.rawValue). Set \(Setting.clientIDs(provider)), or sign in with "
                 + "another provider (for local use only, auth's \(Setting.authDevMode.flag) trusts subjects without tokens).",
             reason: IdentityRefusal.providerNotConfigured.rawValue)
     }
@@ -138,26 +137,15 @@ public struct IdentityProviderSettings: Sendable, Hashable {
         Provider.allCases.map { provider in
             if let oidc = oidc(provider) {
                 guard oidc.isConfigured else {
-                    return "\(provider.rawValue): NOT verified (sign-ins refused); set \(Self.variable(provider, "CLIENT_IDS"))"
+                    return "\(provider.rawValue): NOT verified (sign-ins refused); set \(Setting.clientIDs(provider).environmentVariable)"
                 }
                 return "\(provider.rawValue): verified: ID tokens from \(oidc.issuers.joined(separator: " or ")) "
                     + "for \(oidc.clientIDs.count) client id(s), keys from \(oidc.jwksURL)"
             }
             guard naver.isConfigured else {
-                return "naver: NOT verified (sign-ins refused); set \(Self.variable(.naver, "CLIENT_IDS"))"
+                return "naver: NOT verified (sign-ins refused); set \(Setting.naverClientIDs.environmentVariable)"
             }
             return "naver: verified: access tokens checked at \(naver.profileURL)"
         }
     }
-
-    /// The environment variable of one provider setting, `ONBOARDING_<PROVIDER>_<NAME>`, as
-    /// the setting's declaration spells it.
-    public static func variable(_ provider: Provider, _ name: String) -> String {
-        let key = "\(provider.rawValue).\(name.lowercased().split(separator: "_").enumerated().map { $0 == 0 ? String($1) : $1.capitalized }.joined())"
-        guard let setting = Setting.all.first(where: { $0.key == key }) else {
-            preconditionFailure("no setting \(key) is declared in Setting+Catalog.swift")
-        }
-        return setting.environmentVariable
-    }
 }
-

@@ -1,3 +1,5 @@
+import Foundation
+
 /// One setting of the system, declared once in ``Setting`` `+Catalog.swift`.
 ///
 /// Everything a person sees of a setting follows from this declaration: its flag
@@ -117,6 +119,20 @@ public struct Setting: Sendable, Hashable, CustomStringConvertible {
         case .value(let value): value
         case .derived(let text), .unset(let text): text
         }
+    }
+
+    /// What is wrong with `text` as a provider's URL, or `nil` when nothing is: it must be
+    /// `https`, or `http` to a loopback host (a fake provider on this machine), so that tokens
+    /// are never checked against keys that crossed a network in the clear.
+    public static func providerURLProblem(_ text: String) -> String? {
+        guard let components = URLComponents(string: text), let scheme = components.scheme?.lowercased(),
+            let host = components.host, !host.isEmpty
+        else { return "not a URL; give https://host/path" }
+        let loopback = host == "localhost" || host.hasPrefix("127.") || host == "::1" || host == "[::1]"
+        guard scheme == "https" || (scheme == "http" && loopback) else {
+            return "it must be https:// (http:// only to 127.0.0.1 or localhost, for a local fake provider)"
+        }
+        return nil
     }
 
     /// One line for a tool's `--help`: what it is, its variable and its default.

@@ -130,9 +130,6 @@ public struct Settings: Sendable {
         return values
     }
 
-    /// Whether anybody set it (a flag, the environment or the file).
-    public func isSet(_ setting: Setting) -> Bool { raw(setting) != nil }
-
     // MARK: Typed values
 
     /// The text given, or the default when the setting has one; `nil` when it is unset and has
@@ -192,11 +189,7 @@ public struct Settings: Sendable {
     /// A URL: `https://`, or `http://` to a loopback host; `nil` when unset with no default.
     public func url(_ setting: Setting) throws -> String? {
         guard let text = text(setting)?.trimmingCharacters(in: .whitespaces), !text.isEmpty else { return nil }
-        guard let components = URLComponents(string: text), let scheme = components.scheme?.lowercased(),
-            let host = components.host, !host.isEmpty
-        else { throw invalid(setting, text) }
-        let loopback = host == "localhost" || host.hasPrefix("127.") || host == "::1" || host == "[::1]"
-        guard scheme == "https" || (scheme == "http" && loopback) else { throw invalid(setting, text) }
+        if let problem = Setting.providerURLProblem(text) { throw invalid(setting, text, reason: problem) }
         return text
     }
 

@@ -54,14 +54,11 @@ struct FakeProviderCommand: AsyncParsableCommand {
                     "fake identity providers at \(base) (keys in \(keys.url.path))",
                     "Start auth in production mode against them with:", "", export([(.authDevMode, "0")]),
                 ]
-                let clientIDs: [Provider: Setting] = [
-                    .google: .googleClientIDs, .apple: .appleClientIDs, .kakao: .kakaoClientIDs, .naver: .naverClientIDs,
-                ]
-                let keySets: [Provider: Setting] = [.google: .googleJWKSURL, .apple: .appleJWKSURL, .kakao: .kakaoJWKSURL]
                 for provider in FakeIdentityProvider.oidcProviders {
+                    guard let keySet = Setting.jwksURL(provider) else { continue }
                     lines.append(export([
-                        (clientIDs[provider]!, FakeIdentityProvider.defaultClientID(provider)),
-                        (keySets[provider]!, FakeIdentityProvider.jwksURL(provider, base: base)),
+                        (.clientIDs(provider), FakeIdentityProvider.defaultClientID(provider)),
+                        (keySet, FakeIdentityProvider.jwksURL(provider, base: base)),
                     ]))
                 }
                 lines.append(export([
