@@ -100,7 +100,7 @@ let package = Package(
         .testTarget(
             name: "OnboardingSettingsTests",
             dependencies: [
-                "OnboardingSettings", "OnboardingAPI", "AuthIdentity", "ProfileService", "OnboardingGateway",
+                "OnboardingSettings", "OnboardingAPI", "AuthIdentity", "ProfileService", "OnboardingGateway", "FuzzKit",
                 .product(name: "Configuration", package: "swift-configuration"),
             ]
         ),

@@ -1,6 +1,7 @@
 import AuthIdentity
 import Configuration
 import Foundation
+import FuzzKit
 import OnboardingAPI
 import OnboardingGateway
 import OnboardingSettings
@@ -69,6 +70,57 @@ struct SettingsTests {
         #expect(try settings.integer(.maxImageBytes) == 77, "a number in the file")
         #expect(try settings.endpoint(.routes) == Defaults.routes)
         #expect(settings.raw(.routes) == nil)
+    }
+
+    @Test("over random settings, each given by a random set of sources, the highest source wins and is named")
+    func precedenceOverRandomSources() async throws {
+        var random = FuzzRandom(seed: 0x5E77_1265)
+        let integers = Setting.all.filter { if case .integer = $0.kind { true } else { false } }
+        for round in 0..<40 {
+            // A few settings, each set by any subset of the three sources, to values that say which.
+            var flags: [Setting: String] = [:]
+            var environment: [String: String] = [:]
+            var file: [String: Any] = [:]
+            var expected: [Setting: (Int, Settings.Source)] = [:]
+            for _ in 0..<random.int(1...4) {
+                let setting = random.pick(integers)
+                guard expected[setting] == nil, case .integer(let range) = setting.kind else { continue }
+                let values = (0..<3).map { _ in random.int(range.lowerBound...min(range.upperBound, range.lowerBound + 1000)) }
+                let given = (0..<3).map { _ in random.chance(0.5) }
+                if given[2] {
+                    var node = file
+                    // Nested by key: `a.b` is {"a": {"b": value}}.
+                    let path = setting.fileKeyPath
+                    if path.count == 1 {
+                        node[path[0]] = values[2]
+                    } else {
+                        var inner = node[path[0]] as? [String: Any] ?? [:]
+                        inner[path[1]] = values[2]
+                        node[path[0]] = inner
+                    }
+                    file = node
+                    expected[setting] = (values[2], .file(""))
+                }
+                if given[1] {
+                    environment[setting.environmentVariable] = String(values[1])
+                    expected[setting] = (values[1], .environment)
+                }
+                if given[0] {
+                    flags[setting] = String(values[0])
+                    expected[setting] = (values[0], .flag)
+                }
+                if !given.contains(true) { expected[setting] = (Int(setting.defaultText) ?? -1, .defaultValue) }
+            }
+            let path = try Self.file(String(decoding: try JSONSerialization.data(withJSONObject: file), as: UTF8.self))
+            defer { try? FileManager.default.removeItem(atPath: path) }
+            let settings = try await Settings(flags: flags, environment: environment, file: path)
+            for (setting, (value, source)) in expected {
+                #expect(try settings.optionalInteger(setting) == (source == .defaultValue && setting.defaultText == "none" ? nil : value),
+                        "round \(round): \(setting)")
+                let found = settings.raw(setting)?.source ?? .defaultValue
+                #expect(found == (source == .file("") ? .file(path) : source), "round \(round): \(setting)")
+            }
+        }
     }
 
     @Test("ONBOARDING_CONFIG names the file when --config does not")
