@@ -13,18 +13,12 @@ extension Engine {
     func dispatcher(sessions: any SessionVerifier) -> RequestDispatcher {
         var dispatcher = RequestDispatcher(
             source: source, sessions: sessions, serviceToken: configuration.serviceToken, logger: logger)
-        dispatcher.on(CheckOnboarding.self, access: .session) { [self] _, context in
-            try await check(uid: try context.requireUID())
-        }
-        // "Check me now" on the bus's thread (see `checkOnLoop`).
-        if let sessions = sessions as? any LoopSessionVerifier {
-            dispatcher.onLoop(
-                CheckOnboarding.self, access: .open, database: database, writes: false, replyUID: { $0.uid }
-            ) {
-                [self] _, context, _, reply in
-                try checkOnLoop(context.message.header, sessions: sessions, reply: reply)
-                return nil
-            }
+        // "Check me now" on the bus's thread (see `checkOnLoop`): it verifies the session itself,
+        // while profile is asked at the same time.
+        dispatcher.onLoop(CheckOnboarding.self, access: .open, database: database, writes: false, replyUID: { $0.uid }) {
+            [self] _, context, _, reply in
+            try checkOnLoop(context.message.header, sessions: sessions, reply: reply)
+            return nil
         }
         dispatcher.on(SetUpProfile.self, access: .session, attachment: .optional) { [self] request, context in
             try await setUp(request, uid: try context.requireUID(), image: context.attachment, correlationId: context.message.header.id)
@@ -44,25 +38,6 @@ extension Engine {
         return dispatcher
     }
 
-    /// "Check me now": the same decision as after sign-in, also answered to the caller.
-    func check(uid: String) async throws -> OnboardingStatus {
-        let waiter = nextWaiter.wrappingAdd(1, ordering: .relaxed).newValue
-        let result = await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                waiters.withLock { $0[waiter] = { continuation.resume(returning: $0) } }
-                // Cancelled before the continuation was stored: onCancel found nothing to resume.
-                if Task.isCancelled {
-                    resume(waiter, with: .failure(Self.stopping))
-                } else {
-                    send(.checkRequested(uid: uid, waiter: waiter))
-                }
-            }
-        } onCancel: {
-            resume(waiter, with: .failure(Self.stopping))
-        }
-        return try result.get()
-    }
-
     /// "Check me now" from the bus's thread. Auth verifies the session; when the request also
     /// names its `uid` (a hint: the session decides), profile is asked for that person's profile
     /// at the same time, so the check costs one round trip instead of two. Once both have
@@ -70,7 +45,7 @@ extension Engine {
     /// goes out after that commit. Without a hint, or when it is not the session's person, or
     /// when the profile answer failed, the check asks profile afterwards, as after a sign-in.
     func checkOnLoop(
-        _ header: EnvelopeHeader, sessions: any LoopSessionVerifier, reply: LoopReply<OnboardingStatus>
+        _ header: EnvelopeHeader, sessions: any SessionVerifier, reply: LoopReply<OnboardingStatus>
     ) throws(ServiceError) {
         guard let token = header.sessionToken, !token.isEmpty else { throw ServiceError.missingSessionToken }
         let hint = header.uid.flatMap { $0.isEmpty ? nil : $0 }

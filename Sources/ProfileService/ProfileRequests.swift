@@ -13,10 +13,7 @@ struct ProfileRequests: Sendable {
     func dispatcher(sessions: any SessionVerifier, serviceToken: String?, logger: Logger) -> RequestDispatcher {
         var dispatcher = RequestDispatcher(
             source: ServiceName.profile, sessions: sessions, serviceToken: serviceToken, logger: logger)
-        dispatcher.on(GetProfile.self, access: .sessionOrService) { _, context in
-            try await profile(of: context.requireUID())
-        }
-        // Our services' look-ups (the orchestrator's checks) are answered on the bus's thread.
+        // The orchestrator asks for a profile on every check: answered on the bus's thread.
         let cache = self.cache
         dispatcher.onLoop(GetProfile.self, access: .sessionOrService, database: store.writer, writes: false) { _, context, db in
             let uid = try context.requireUID()
@@ -69,17 +66,4 @@ struct ProfileRequests: Sendable {
         "An app deletes a profile with reason 'request'; 'withdrawal' is for our services. "
             + "To withdraw the account, call auth.withdraw.",
         reason: "withdrawalNotAllowed")
-
-    /// The profile of `uid` (or none) and how new that answer is, from the cache, or from the
-    /// store (then cached). A store failure is thrown, never cached.
-    func profile(of uid: String) async throws(ServiceError) -> ProfileResult {
-        switch cache.lookup(uid) {
-        case .hit(let answer):
-            return answer
-        case .miss(let ticket):
-            let answer = try await store.read(uid: uid)
-            cache.fill(uid, with: answer, ticket: ticket)
-            return answer
-        }
-    }
 }

@@ -21,11 +21,12 @@ import OnboardingAPI
 /// saying the request was carried out, and logged.
 ///
 /// Access: ``Access/open``, ``Access/service`` and ``Access/serviceWithoutUID`` are checked on
-/// the spot. ``Access/session`` asks the ``LoopSessionVerifier`` from the bus's thread and runs
-/// the handler when the answer comes (a verifier of another kind leaves the request to the handler
-/// registered with `on` for the same type, which must exist). For ``Access/sessionOrService``, requests with the service
-/// token run here and an app's go to the handler registered with `on` for the same type.
-/// Handlers must not wait for anything but the database.
+/// the spot. ``Access/session`` asks the ``SessionVerifier`` with a callback and runs the
+/// handler when the answer comes: on the bus's thread with ``RemoteSessionVerifier``, alone
+/// rather than in the batch. ``Access/sessionOrService`` is checked as ``Access/service`` when
+/// the request carries the service token and as ``Access/session`` otherwise. A type is answered
+/// either here or by a handler registered with `on`, never both: which one is said once, where
+/// it is registered. Handlers must not wait for anything but the database.
 struct LoopRoutes: Sendable {
     struct Route: Sendable {
         var access: Access
@@ -135,6 +136,7 @@ extension RequestDispatcher {
         answeringLater handler: @escaping @Sendable (Request, RequestContext, Database, LoopReply<Request.Response>) throws ->
             Request.Response?
     ) {
+        precondition(handlers[Request.type] == nil, "\(Request.type) is already answered by a task (on)")
         switch access {
         case .open, .session: break
         case .service, .serviceWithoutUID, .sessionOrService: hasServiceRoutes = true
@@ -192,14 +194,13 @@ extension RequestDispatcher {
                 raw.reply(message.errorReply(refusing, source: source))
                 continue
             }
-            guard let route = loop[read.header.type], let payload = read.payload, !needsOwnHandler(read.header, route.access)
-            else {
+            guard let route = loop[read.header.type], let payload = read.payload else {
                 deferred(raw.incoming(message))
                 continue
             }
             do throws(ServiceError) {
                 try route.attachment.check(raw.attachment, type: read.header.type)
-                if route.access == .session {
+                if needsSession(read.header, route.access) {
                     try verifyThenRun(raw: raw, route: route, payload: payload, message: message)
                     continue
                 }
@@ -213,12 +214,12 @@ extension RequestDispatcher {
         run(jobs)
     }
 
-    /// Asks for the session of a ``Access/session`` request, then runs it on the bus's thread.
+    /// Asks for the session of a request that needs one, then runs it.
     private func verifyThenRun(raw: RawRequest, route: LoopRoutes.Route, payload: any Sendable, message: Message) throws(ServiceError) {
         guard let token = message.header.sessionToken, !token.isEmpty else {
             throw ServiceError.missingSessionToken
         }
-        guard let sessions = sessions as? any LoopSessionVerifier else {
+        guard let sessions else {
             throw ServiceError(.internalError, "This service cannot verify sessions.")
         }
         let dispatcher = self
@@ -258,14 +259,14 @@ extension RequestDispatcher {
         }
     }
 
-    /// Whether a ``Access/sessionOrService`` request is an app's, whose session the handler
-    /// registered with `on` verifies (as ``resolveUID`` decides).
-    private func needsOwnHandler(_ header: EnvelopeHeader, _ access: Access) -> Bool {
-        // Sessions that cannot be verified from the bus's thread are verified by that handler.
-        if access == .session { return !(sessions is any LoopSessionVerifier) }
-        guard access == .sessionOrService else { return false }
-        if header.sessionToken != nil { return true }
-        return serviceToken != nil && header.serviceToken == nil
+    /// Whether the request's person is known only from its session: a ``Access/session``
+    /// request, or a ``Access/sessionOrService`` one from an app (as ``resolveUID`` decides).
+    private func needsSession(_ header: EnvelopeHeader, _ access: Access) -> Bool {
+        switch access {
+        case .session: return true
+        case .sessionOrService: return header.sessionToken != nil || (serviceToken != nil && header.serviceToken == nil)
+        default: return false
+        }
     }
 
     /// Runs the jobs' handlers: the reading ones on the writer's connection outside a

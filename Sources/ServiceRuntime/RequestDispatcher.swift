@@ -64,7 +64,8 @@ public struct RequestDispatcher: Sendable {
     let sessions: (any SessionVerifier)?
     let serviceToken: String?
     let logger: Logger
-    private var handlers: [String: Handler] = [:]
+    /// Requests answered by a task each.
+    private(set) var handlers: [String: Handler] = [:]
     /// Requests answered on the bus's own thread (see `LoopRoutes.swift`).
     var loop = LoopRoutes()
     private let startedAt = Timestamp.now()
@@ -105,6 +106,7 @@ public struct RequestDispatcher: Sendable {
         replyUID: (@Sendable (Request.Response) -> String?)? = nil,
         _ handler: @escaping @Sendable (Request, RequestContext) async throws -> Request.Response
     ) {
+        precondition(loop[Request.type] == nil, "\(Request.type) is already answered on the bus's thread (onLoop)")
         if case .service = access { hasServiceRoutes = true }
         if case .sessionOrService = access { hasServiceRoutes = true }
         if case .serviceWithoutUID = access { hasServiceRoutes = true }

@@ -2,21 +2,37 @@ import Messaging
 import OnboardingAPI
 
 /// Turns a session token into the uid it belongs to.
+///
+/// A request handled on the bus's thread (see `LoopRoutes.swift`) asks with a callback, so that
+/// the thread never waits; every other handler awaits the answer.
 public protocol SessionVerifier: Sendable {
     /// - Throws: ``ServiceError`` `unauthenticated` for a token that is not a live session, or
     ///   `dependencyUnavailable` when the answer could not be had.
     func uid(forSessionToken token: String) async throws -> String
+
+    /// Hands the uid of `token`'s session, or the same errors as
+    /// ``uid(forSessionToken:)``, to `callback`: on the bus's thread when the verifier can
+    /// (``RemoteSessionVerifier`` over a ``MessageBus``), otherwise from a task. By default, a
+    /// task awaits ``uid(forSessionToken:)``.
+    func uid(forSessionToken token: String, then callback: @escaping @Sendable (Result<String, ServiceError>) -> Void)
 }
 
-/// A verifier that can also answer on the bus's own thread, for requests handled there.
-public protocol LoopSessionVerifier: SessionVerifier {
-    /// Hands the uid of `token`'s session, or the same errors as
-    /// ``SessionVerifier/uid(forSessionToken:)``, to `callback` on the bus's own thread.
-    func uid(forSessionToken token: String, onLoop callback: @escaping @Sendable (Result<String, ServiceError>) -> Void)
+extension SessionVerifier {
+    public func uid(forSessionToken token: String, then callback: @escaping @Sendable (Result<String, ServiceError>) -> Void) {
+        Task {
+            do {
+                callback(.success(try await uid(forSessionToken: token)))
+            } catch let error as ServiceError {
+                callback(.failure(error))
+            } catch {
+                callback(.failure(ServiceError(.internalError, "The session could not be verified: \(error)")))
+            }
+        }
+    }
 }
 
 /// Asks auth (`auth.verifySession`) for every token.
-public struct RemoteSessionVerifier: LoopSessionVerifier {
+public struct RemoteSessionVerifier: SessionVerifier {
     public let bus: any MessageBus
     public let authEndpoint: Endpoint
     public let source: String
@@ -41,7 +57,7 @@ public struct RemoteSessionVerifier: LoopSessionVerifier {
         }
     }
 
-    public func uid(forSessionToken token: String, onLoop callback: @escaping @Sendable (Result<String, ServiceError>) -> Void) {
+    public func uid(forSessionToken token: String, then callback: @escaping @Sendable (Result<String, ServiceError>) -> Void) {
         bus.call(VerifySession(sessionToken: token), to: authEndpoint, source: source, timeout: timeout) { result in
             callback(result.map(\.uid).mapError { error in
                 error.code == .unauthenticated ? error : ServiceError.dependency("auth", error)

@@ -170,4 +170,57 @@ struct LoopRoutesTests {
             #expect(stamped.encodedAfterCommit, "the reply was encoded inside the transaction, before its commit")
         }
     }
+    struct Whom: APIRequest {
+        typealias Response = Named
+        static let type = "test.whom"
+    }
+
+    struct Named: Codable, Sendable, Hashable {
+        var uid: String
+    }
+
+    /// Knows "token-<uid>" as a session of <uid>, and answers from a task (the protocol's default
+    /// for callers on the bus's thread).
+    struct TaskSessions: SessionVerifier {
+        func uid(forSessionToken token: String) async throws -> String {
+            guard token.hasPrefix("token-") else { throw ServiceError(.unauthenticated, "Unknown session.") }
+            return String(token.dropFirst("token-".count))
+        }
+    }
+
+    @Test(
+        "a route for apps and services is registered once, on the loop: a service's request runs in the batch, an app's once its session is verified"
+    )
+    func sessionOrServiceOnTheLoop() async throws {
+        let database = try DatabaseQueue()
+        var dispatcher = RequestDispatcher(source: "test", sessions: TaskSessions(), serviceToken: "secret", logger: quietLogger)
+        dispatcher.onLoop(Whom.self, access: .sessionOrService, database: database, writes: false) { _, context, _ in
+            Named(uid: try context.requireUID())
+        }
+        let (replies, received) = AsyncStream.makeStream(of: (Int, Message?).self)
+        func request(_ number: Int, uid: String?, sessionToken: String? = nil, serviceToken: String? = nil) throws -> RawRequest {
+            var header = EnvelopeHeader(type: Whom.type, source: "test", uid: uid)
+            header.sessionToken = sessionToken
+            header.serviceToken = serviceToken
+            return RawRequest(body: try Envelope(header: header, payload: Whom()).encoded(), attachment: nil) { reply in
+                received.yield((number, try? Message(body: reply.body)))
+            }
+        }
+        let batch = [
+            try request(0, uid: "svc-named", serviceToken: "secret"),
+            try request(1, uid: "ignored", sessionToken: "token-app-person"),
+            try request(2, uid: "someone"),
+            try request(3, uid: nil, sessionToken: "forged"),
+        ]
+        dispatcher.handleOnLoop(batch, refusing: nil, rejected: {}, defer: { _ in Issue.record("deferred to a task route") })
+        var answers: [Int: Message?] = [:]
+        for await (number, message) in replies {
+            answers[number] = message
+            if answers.count == batch.count { break }
+        }
+        #expect(try answers[0]??.payload(as: Named.self) == Named(uid: "svc-named"))
+        #expect(try answers[1]??.payload(as: Named.self) == Named(uid: "app-person"), "the session decides, not the envelope's uid")
+        #expect(answers[2]??.serviceError?.code == .unauthenticated, "neither token: an app without a session")
+        #expect(answers[3]??.serviceError?.code == .unauthenticated)
+    }
 }
