@@ -17,6 +17,35 @@ public struct RetryPolicy: Sendable, Hashable {
     }
 }
 
+extension RetryPolicy {
+    /// Runs `operation` until it succeeds, waiting ``delay(attempt:)`` after each failure: for
+    /// work that must happen eventually and has no one waiting for an answer (following a feed,
+    /// asking where a stream starts). A call that someone waits for retries by a
+    /// ``RetrySchedule`` instead, with a deadline.
+    ///
+    /// - Parameter failed: hears each failure, with the number of the retry to come (1 for the
+    ///   first) and the wait before it; for the log.
+    /// - Returns: the result, or `nil` once the calling task is cancelled (no attempt is started
+    ///   after that).
+    public func untilSuccess<T>(
+        _ operation: () async throws -> T, failed: (_ error: any Error, _ retry: Int, _ delay: Duration) -> Void
+    ) async -> T? {
+        var attempt = 0
+        while !Task.isCancelled {
+            do {
+                return try await operation()
+            } catch {
+                if Task.isCancelled { return nil }
+                attempt += 1
+                let delay = delay(attempt: attempt)
+                failed(error, attempt, delay)
+                guard (try? await Task.sleep(for: delay)) != nil else { return nil }
+            }
+        }
+        return nil
+    }
+}
+
 extension ErrorCode {
     /// The failures that may pass by themselves, after which a request that is safe to repeat
     /// is sent again: no reply in time (`timeout`: the service may or may not have acted),

@@ -149,22 +149,15 @@ public final class IntentHub: Service, Sendable {
 
     /// The orchestrator's newest route sequence, asked until it answers. `nil` when cancelled.
     private func startingPoint() async -> UInt64? {
-        var attempt = 0
-        while !Task.isCancelled {
-            do {
-                let page = try await bus.call(
-                    EventsAfter(sequence: UInt64(Int64.max), limit: 1), to: configuration.orchestratorRPC,
-                    source: configuration.name, serviceToken: configuration.serviceToken, timeout: configuration.callTimeout)
-                return page.lastSequence
-            } catch {
-                attempt += 1
-                let delay = RetryPolicy().delay(attempt: attempt)
-                logger.warning(
-                    "the orchestrator at \(configuration.orchestratorRPC) did not say where its route intents are (\(error)); asking again in \(delay)")
-                guard (try? await Task.sleep(for: delay)) != nil else { return nil }
-            }
+        await RetryPolicy().untilSuccess {
+            try await bus.call(
+                EventsAfter(sequence: UInt64(Int64.max), limit: 1), to: configuration.orchestratorRPC,
+                source: configuration.name, serviceToken: configuration.serviceToken, timeout: configuration.callTimeout
+            ).lastSequence
+        } failed: { error, _, delay in
+            logger.warning(
+                "the orchestrator at \(configuration.orchestratorRPC) did not say where its route intents are (\(error)); asking again in \(delay)")
         }
-        return nil
     }
 
     private func dispatch(_ batch: [Message], through: UInt64) {

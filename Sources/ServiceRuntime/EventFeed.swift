@@ -333,52 +333,37 @@ public final class EventFeed: Sendable {
     private func deliver(
         _ batch: [Message], through: UInt64, replayed: Bool, _ progress: inout FeedProgress, handle: Handler
     ) async -> Bool {
-        var attempt = 0
-        while !Task.isCancelled {
-            do {
-                try await handle(batch, through)
-                progress.handled(batch.count, through: through, replayed: replayed)
-                share(progress)
-                return true
-            } catch {
-                if Task.isCancelled { return false }
-                attempt += 1
-                let delay = retry.delay(attempt: attempt)
-                let range = batch.isEmpty ? "up to \(through)" : "\(batch[0].header.sequence)...\(through)"
-                logger.error("handling events \(range) from \(events) failed (\(error)); retry \(attempt) in \(delay)")
-                guard (try? await Task.sleep(for: delay)) != nil else { return false }
-            }
+        let range = batch.isEmpty ? "up to \(through)" : "\(batch[0].header.sequence)...\(through)"
+        let handled: Void? = await retry.untilSuccess {
+            try await handle(batch, through)
+        } failed: { error, attempt, delay in
+            logger.error("handling events \(range) from \(events) failed (\(error)); retry \(attempt) in \(delay)")
         }
-        return false
+        guard handled != nil else { return false }
+        progress.handled(batch.count, through: through, replayed: replayed)
+        share(progress)
+        return true
     }
 
     // MARK: Calls
 
     /// The page after `cursor`, asked for until an answer comes. `nil` when cancelled.
     private func fetchPage(after cursor: UInt64) async -> EventPage? {
-        var attempt = 0
-        while !Task.isCancelled {
-            do {
-                return try await bus.call(
-                    EventsAfter(sequence: cursor, limit: pageSize), to: replay, source: source,
-                    serviceToken: serviceToken, timeout: callTimeout)
-            } catch {
-                if Task.isCancelled { return nil }
-                // Failures that pass by themselves (and this bus closing) are warnings; others (a
-                // wrong service token, a publisher that does not answer `events.after`) are
-                // retried too, but logged as errors.
-                attempt += 1
-                let delay = retry.delay(attempt: attempt)
-                let message: Logger.Message = "events.after \(cursor) at \(replay) failed (\(error)); retry \(attempt) in \(delay)"
-                if let error = error as? ServiceError, ErrorCode.retryable.contains(error.code) || error.code == .closed {
-                    logger.warning(message)
-                } else {
-                    logger.error(message)
-                }
-                guard (try? await Task.sleep(for: delay)) != nil else { return nil }
+        await retry.untilSuccess {
+            try await bus.call(
+                EventsAfter(sequence: cursor, limit: pageSize), to: replay, source: source,
+                serviceToken: serviceToken, timeout: callTimeout)
+        } failed: { error, attempt, delay in
+            // Failures that pass by themselves (and this bus closing) are warnings; others (a
+            // wrong service token, a publisher that does not answer `events.after`) are
+            // retried too, but logged as errors.
+            let message: Logger.Message = "events.after \(cursor) at \(replay) failed (\(error)); retry \(attempt) in \(delay)"
+            if let error = error as? ServiceError, ErrorCode.retryable.contains(error.code) || error.code == .closed {
+                logger.warning(message)
+            } else {
+                logger.error(message)
             }
         }
-        return nil
     }
 
     /// Subscribes to every topic at ``events``, trying until it works. `nil` when cancelled.
@@ -388,18 +373,9 @@ public final class EventFeed: Sendable {
 
     /// Runs `subscribe` until it works, with backoff. `nil` when cancelled.
     private func subscribing<T>(_ subscribe: () async throws -> T) async -> T? {
-        var attempt = 0
-        while !Task.isCancelled {
-            do {
-                return try await subscribe()
-            } catch {
-                attempt += 1
-                let delay = retry.delay(attempt: attempt)
-                logger.warning("subscribing to \(events) failed (\(error)); retry \(attempt) in \(delay)")
-                guard (try? await Task.sleep(for: delay)) != nil else { return nil }
-            }
+        await retry.untilSuccess(subscribe) { error, attempt, delay in
+            logger.warning("subscribing to \(events) failed (\(error)); retry \(attempt) in \(delay)")
         }
-        return nil
     }
 
     private func share(_ progress: FeedProgress) {

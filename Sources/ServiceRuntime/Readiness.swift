@@ -10,6 +10,9 @@ extension MessageBus {
     /// so that a service answering slowly is still found instead of being asked too briefly
     /// again and again.
     ///
+    /// A probe rather than a retry (so not ``RetryPolicy/untilSuccess(_:failed:)``): what grows is
+    /// the patience of each ask, not the wait between asks, and only "not there yet" is asked again.
+    ///
     /// - Returns: the service's health reply.
     /// - Throws: the last ``ServiceError`` once `timeout` has passed.
     @discardableResult

@@ -212,4 +212,42 @@ struct CallRetryingTests {
         #expect(throws: CancellationError.self) { try thrown.get() }
         #expect(received.count == 1)
     }
+    // MARK: Work that goes on until it succeeds
+
+    @Test("untilSuccess runs the work again after each failure, with the policy's backoff, and says each failure once")
+    func untilSuccess() async {
+        let attempts = Mutex(0)
+        var heard: [(ErrorCode?, Int, Duration)] = []
+        let policy = RetryPolicy(initial: .milliseconds(1), maximum: .milliseconds(2))
+        let result = await policy.untilSuccess {
+            let attempt = attempts.withLock { $0 += 1; return $0 }
+            if attempt < 4 { throw ServiceError(attempt == 1 ? .noResponder : .invalidRequest, "not yet") }
+            return "done"
+        } failed: { error, retry, delay in
+            heard.append(((error as? ServiceError)?.code, retry, delay))
+        }
+        #expect(result == "done")
+        #expect(attempts.withLock { $0 } == 4)
+        #expect(heard.map(\.0) == [.noResponder, .invalidRequest, .invalidRequest], "every error is retried, not only transient ones")
+        #expect(heard.map(\.1) == [1, 2, 3])
+        #expect(heard.map(\.2) == [.milliseconds(1), .milliseconds(2), .milliseconds(2)])
+    }
+
+    @Test("untilSuccess gives nil once its task is cancelled, without another attempt")
+    func untilSuccessCancelled() async {
+        let failed = AsyncStream.makeStream(of: Void.self)
+        let attempts = Mutex(0)
+        let work = Task {
+            await RetryPolicy(initial: .seconds(30), maximum: .seconds(30)).untilSuccess { () async throws -> Int in
+                attempts.withLock { $0 += 1 }
+                throw ServiceError(.timeout, "no reply")
+            } failed: { _, _, _ in
+                failed.continuation.yield()
+            }
+        }
+        for await _ in failed.stream { break }
+        work.cancel()
+        #expect(await work.value == nil)
+        #expect(attempts.withLock { $0 } == 1)
+    }
 }
