@@ -1,5 +1,5 @@
-import Dispatch
 import Foundation
+import NIOPosix
 import Synchronization
 
 #if canImport(Glibc)
@@ -9,22 +9,11 @@ import Darwin
 #endif
 
 /// Where the chaos test does its blocking work (opening SQLite files, listing folders, reading
-/// pid files): threads of its own, never Swift's cooperative pool.
+/// pid files): NIO's shared thread pool, never Swift's cooperative pool.
 enum Blocking {
-    private static let queue = DispatchQueue(label: "onboarding-chaos.blocking", qos: .utility, attributes: .concurrent)
-
-    /// Runs `body` on the blocking queue; the caller suspends until it is done.
+    /// Runs `body` on a thread of the pool; the caller suspends until it is done.
     static func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-        try await withCheckedThrowingContinuation { continuation in
-            queue.async { continuation.resume(with: Result(catching: body)) }
-        }
-    }
-
-    /// ``run(_:)`` for work that cannot fail.
-    static func run<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
-        await withCheckedContinuation { continuation in
-            queue.async { continuation.resume(returning: body()) }
-        }
+        try await NIOThreadPool.singleton.runIfActive(body)
     }
 }
 

@@ -158,12 +158,12 @@ public struct ChaosCommand: AsyncParsableCommand {
             orchestratorRPC: endpoints.orchestratorRPC, routes: endpoints.routesEndpoint)
         var imageBytes: Data?
         if let image {
-            guard let bytes = await Blocking.run({ FileManager.default.contents(atPath: image) }) else {
+            guard let bytes = try await Blocking.run({ FileManager.default.contents(atPath: image) }) else {
                 throw ValidationError("Cannot read the image file \(image).")
             }
             imageBytes = bytes
         }
-        let token = await Blocking.run { try? settings.serviceToken(create: false) } ?? nil
+        let token = try await Blocking.run { try? settings.serviceToken(create: false) } ?? nil
         var seedGenerator = SystemRandomNumberGenerator()
         return ChaosConfiguration(
             people: people, concurrency: concurrency,

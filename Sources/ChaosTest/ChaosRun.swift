@@ -207,7 +207,7 @@ public struct ChaosRun: Sendable {
                     using: caller, at: configuration.endpoints.orchestratorRPC, serviceToken: configuration.serviceToken,
                     until: callDeadline)
                 let states = await routeStates(caller: caller, until: callDeadline)
-                let stores = await StoreInspector.snapshot(of: configuration.stores, uids: uids)
+                let stores = try await StoreInspector.snapshot(of: configuration.stores, uids: uids)
                 let recording = recorder.snapshot()
                 let inconsistent = Verdict.lost(in: Evidence(
                     people: outcomes, stores: stores, recording: recording, routeStates: try? states.get()))

@@ -45,7 +45,8 @@ struct ServiceProcess: Sendable {
     /// The pid of the running service, if the pid file names a live process running its program.
     func currentPID() async -> Int32? {
         let (pidFile, program) = (self.pidFile, target.program)
-        return await Blocking.run { Processes.livePID(pidFile: pidFile, program: program) }
+        // Cancelled before it was read: not known, so none.
+        return (try? await Blocking.run { Processes.livePID(pidFile: pidFile, program: program) }) ?? nil
     }
 
     /// Waits until the pid file names a live process of the service other than `other`.

@@ -54,9 +54,9 @@ public struct StoreSnapshot: Sendable {
 
 /// Reads the stores directly: SQLite files opened read-only, and the image folders.
 enum StoreInspector {
-    /// Takes a snapshot, listing the image folders of `uids`. Runs on the blocking queue.
-    static func snapshot(of locations: StoreLocations, uids: Set<String>) async -> StoreSnapshot {
-        await Blocking.run { read(locations, uids: uids) }
+    /// Takes a snapshot, listing the image folders of `uids`, on a thread of ``Blocking``.
+    static func snapshot(of locations: StoreLocations, uids: Set<String>) async throws -> StoreSnapshot {
+        try await Blocking.run { read(locations, uids: uids) }
     }
 
     private static func read(_ locations: StoreLocations, uids: Set<String>) -> StoreSnapshot {

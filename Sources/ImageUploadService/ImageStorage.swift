@@ -26,7 +26,10 @@ import Darwin
 final class ImageStorage: Sendable {
     let root: String
     /// The one thread of file I/O. A serial queue of its own (not the cooperative pool), so a
-    /// slow write or fsync blocks only other image I/O, never the process's tasks.
+    /// slow write or fsync blocks only other image I/O, never the process's tasks. Not NIO's
+    /// thread pool: its shared pool runs jobs side by side, a pool of one thread must be shut
+    /// down by whoever made it, and it drops a job whose caller was cancelled before it
+    /// started, where a half-known upload must still run to the end.
     private let queue: DispatchQueue
 
     init(root: String) {
