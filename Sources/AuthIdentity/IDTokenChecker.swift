@@ -20,9 +20,11 @@ public struct VerifiedIDToken: Sendable, Hashable {
 /// In order: three base64url parts; a JSON header whose `kid` names a key of the set (read here,
 /// because jwt-kit would fall back to a default key for an unknown `kid`) and whose `alg` is the
 /// one that key is pinned to (so `none` and `HS256` are refused before any key is used); the
-/// signature, by jwt-kit's verifier of that key; then the payload: `iss` one of the issuers,
-/// `aud` (a string or a list) naming only configured client ids, `exp` not passed and `iat`/`nbf`
-/// not in the future (each with ``leeway``), `sub` present, and `nonce` when the app sent one.
+/// signature, by jwt-kit's verifier of that key; then the payload: every claim OpenID Connect
+/// requires present (`iss`, `sub`, `aud`, `exp`, `iat`; one missing, an empty `sub` or an empty
+/// `aud` list is ``IdentityRefusal/malformedToken``), `iss` one of the issuers, `aud` (a string or
+/// a list) naming only configured client ids, `exp` not passed and `iat`/`nbf` not in the future
+/// (each with ``leeway``), and `nonce` when the app sent one.
 ///
 /// Thread safety: an immutable value; ``check(_:nonce:keys:now:)`` is synchronous and cheap (one
 /// RSA verification), safe on any thread.
@@ -114,20 +116,22 @@ public struct IDTokenChecker: Sendable {
             return .failure(
                 problem(.malformedToken, "the ID token's payload is not JSON with string iss, sub, aud and numeric exp, iat"))
         }
-        guard let issuer = claims.iss, issuers.contains(issuer) else {
+        // OpenID Connect Core 2: iss, sub, aud, exp and iat are required. A token without one is
+        // malformed, whatever its other claims say (not "wrong issuer" for an absent iss).
+        guard let issuer = claims.iss, let subject = claims.sub, !subject.isEmpty, let named = claims.aud?.value,
+            let audience = named.first, let exp = claims.exp, let iat = claims.iat
+        else {
+            return .failure(problem(.malformedToken, "the ID token has no \(claims.missing.joined(separator: ", ")), which every ID token must carry"))
+        }
+        guard issuers.contains(issuer) else {
             return .failure(
-                problem(
-                    .wrongIssuer,
-                    "the ID token's issuer is \"\(claims.iss ?? "(none)")\", not \(issuers.sorted().joined(separator: " or "))"))
+                problem(.wrongIssuer, "the ID token's issuer is \"\(issuer)\", not \(issuers.sorted().joined(separator: " or "))"))
         }
         // OpenID Connect Core 3.1.3.7: the token names one of our client ids, and no audience
         // we do not trust.
-        guard let named = claims.aud?.value, let audience = named.first, named.allSatisfy(audiences.contains) else {
-            return .failure(
-                problem(.wrongAudience, "the ID token was issued to \(claims.aud?.value ?? []), not only to this app's client ids"))
+        guard named.allSatisfy(audiences.contains) else {
+            return .failure(problem(.wrongAudience, "the ID token was issued to \(named), not only to this app's client ids"))
         }
-        guard let exp = claims.exp else { return .failure(problem(.malformedToken, "the ID token has no exp")) }
-        guard let iat = claims.iat else { return .failure(problem(.malformedToken, "the ID token has no iat")) }
         let expiresAt = Date(timeIntervalSince1970: exp)
         guard now.timeIntervalSince(expiresAt) < leeway else {
             return .failure(problem(.tokenExpired, "the ID token expired at \(Timestamp.format(expiresAt))"))
@@ -138,9 +142,6 @@ public struct IDTokenChecker: Sendable {
             guard when.timeIntervalSince(now) <= leeway else {
                 return .failure(problem(.tokenNotYetValid, "the ID token's \(name) is \(Timestamp.format(when)), in the future"))
             }
-        }
-        guard let subject = claims.sub, !subject.isEmpty else {
-            return .failure(problem(.malformedToken, "the ID token has no sub"))
         }
         if let nonce {
             let expected = nonceIsHashed ? Self.sha256Hex(nonce) : nonce
@@ -181,6 +182,12 @@ public struct IDTokenChecker: Sendable {
         var iat: Double?
         var nbf: Double?
         var nonce: String?
+
+        /// The required claims that are absent (an empty `sub` or `aud` list counts as absent).
+        var missing: [String] {
+            [("iss", iss == nil), ("sub", sub?.isEmpty ?? true), ("aud", aud?.value.isEmpty ?? true),
+             ("exp", exp == nil), ("iat", iat == nil)].filter(\.1).map(\.0)
+        }
     }
 }
 

@@ -11,8 +11,9 @@ public enum IdentityRefusal: String, Sendable, CaseIterable {
     case providerNotConfigured
     /// The request lacks the proof this provider needs (`idToken`, or Naver's `accessToken`).
     case missingToken
-    /// Not a JWT (three base64url parts with JSON header and payload), or a claim is missing or
-    /// of the wrong type.
+    /// Not a JWT (three base64url parts with JSON header and payload), or a claim is of the
+    /// wrong type, or one every ID token carries is missing: `iss`, `sub`, `aud`, `exp`, `iat`
+    /// (an empty `sub` or `aud` list counts as missing).
     case malformedToken
     /// The header's `alg` is not the one the named key is for (`none`, `HS256`…).
     case algorithmNotAllowed
@@ -21,9 +22,10 @@ public enum IdentityRefusal: String, Sendable, CaseIterable {
     case unknownKey
     /// The signature does not verify with the named key.
     case badSignature
-    /// `iss` is not the provider's issuer.
+    /// `iss` is present and not the provider's issuer.
     case wrongIssuer
-    /// `aud` names none of the configured client ids, or also an audience that is not one.
+    /// `aud` is present and names none of the configured client ids, or also an audience that
+    /// is not one.
     case wrongAudience
     /// `exp` has passed (beyond the leeway).
     case tokenExpired

@@ -82,7 +82,25 @@ struct IDTokenCheckerTests {
         listed["aud"] = ["other", "app-ios"]
         #expect(refusal(try FakeJWT.sign(payload: listed, with: f.key), keys: f.keys) == .wrongAudience)
         listed["aud"] = [String]()
-        #expect(refusal(try FakeJWT.sign(payload: listed, with: f.key), keys: f.keys) != nil)
+        #expect(refusal(try FakeJWT.sign(payload: listed, with: f.key), keys: f.keys) == .malformedToken, "a list naming nobody")
+    }
+
+    @Test(
+        "a token without a claim every ID token carries is malformedToken, not wrongIssuer or wrongAudience",
+        arguments: ["iss", "aud", "sub", "exp", "iat"])
+    func missingClaim(claim: String) async throws {
+        let f = try await Self.fixtures.value
+        var payload = claims()
+        payload[claim] = nil
+        let problem = try #require(
+            checker().check(try FakeJWT.sign(payload: payload, with: f.key), nonce: nil, keys: f.keys, now: Self.now).failure)
+        #expect(problem.refusal == .malformedToken)
+        #expect(problem.detail.contains("has no \(claim)"), "\(problem.detail)")
+        // Missing as well as wrong: still malformed (what is absent is said first).
+        payload["iss"] = "https://evil.example"
+        payload["aud"] = "someone-elses-app"
+        payload[claim] = nil
+        #expect(refusal(try FakeJWT.sign(payload: payload, with: f.key), keys: f.keys) == .malformedToken)
     }
 
     @Test("exp and iat are judged with the leeway")
