@@ -21,7 +21,9 @@ public struct EnvelopeHeader: Codable, Sendable, Hashable {
     public var sequence: UInt64
     /// When the message was made, RFC 3339 in UTC with milliseconds (`2026-11-21T05:30:00.123Z`).
     public var time: String
-    /// On a reply, the `id` of the request it answers; on an event, the request that caused it.
+    /// On a reply, the `id` of the request it answers (absent only on an error reply to a request
+    /// whose envelope was not read: see ``Message/errorReply(_:refusing:limits:source:)``); on an
+    /// event, the request that caused it.
     public var correlationId: String?
     /// The person the message is about, where there is one.
     public var uid: String?

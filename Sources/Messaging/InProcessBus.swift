@@ -318,7 +318,7 @@ public final class InProcessBus: MessageBus {
             envelopeBytes: outgoing.body.count, attachmentBytes: outgoing.attachment?.count, extraFrames: 0)
         {
             state.withLock { $0.statistics.rejectedRequests += 1 }
-            answer(Message.errorReply(violation, correlationId: nil, source: source))
+            answer(Message.errorReply(violation, refusing: outgoing.body, limits: server.limits, source: source))
             return
         }
         if let handler = server.handler {
@@ -332,7 +332,7 @@ public final class InProcessBus: MessageBus {
             message = try Message(body: outgoing.body, attachment: outgoing.attachment)
         } catch {
             state.withLock { $0.statistics.rejectedRequests += 1 }
-            answer(Message.errorReply(error, correlationId: nil, source: source))
+            answer(Message.errorReply(error, refusing: outgoing.body, limits: server.limits, source: source))
             return
         }
         let request = IncomingRequest(message: message, responder: answer)

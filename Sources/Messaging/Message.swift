@@ -180,6 +180,32 @@ extension Message {
         Self.errorReply(error, correlationId: header.id, source: source)
     }
 
+    /// Builds the error reply to a request that was refused before anything answered it: over a
+    /// limit, with frames it should not have, unreadable, or of another envelope version.
+    ///
+    /// The reply carries the request's `id` as `correlationId` whenever it can be had cheaply:
+    /// when the envelope frame `body` is within `limits` and is a JSON object with a string `id`
+    /// (read alone, so it is found even when other fields are wrong). An envelope frame over the
+    /// limit is not read at all: its reply has no `correlationId`, nor has one whose `id` cannot
+    /// be read.
+    public static func errorReply(_ error: ServiceError, refusing body: Data?, limits: MessageLimits, source: String)
+        -> OutgoingMessage
+    {
+        let id = body.flatMap { $0.count <= limits.maxEnvelopeBytes ? requestID(in: $0) : nil }
+        return errorReply(error, correlationId: id, source: source)
+    }
+
+    /// The string `id` at the top level of the JSON object `body`, or `nil`. For error replies
+    /// only: it reads `body` again. Call it only on a frame within the envelope limit.
+    public static func requestID(in body: Data) -> String? {
+        guard endsWithClosingBrace(body) else { return nil }
+        return (try? WireDecoder.decode(IDOnly.self, from: body))?.id
+    }
+
+    private struct IDOnly: Decodable {
+        var id: String?
+    }
+
     /// Builds an error reply when the request could not even be read.
     public static func errorReply(_ error: ServiceError, correlationId: String?, source: String) -> OutgoingMessage {
         let envelope = Envelope(

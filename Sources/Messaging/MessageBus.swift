@@ -26,7 +26,9 @@ import Foundation
 ///   gets the reply, or a ``ServiceError``: `timeout` when no reply came in time (the server may
 ///   or may not have acted), `noResponder` when nothing listens at the endpoint. A request that
 ///   the server cannot read is answered by the bus itself with `invalidMessage`,
-///   `unsupportedVersion`, `unexpectedFrames` or `messageTooLarge`; one that arrives while the
+///   `unsupportedVersion`, `unexpectedFrames` or `messageTooLarge`, naming the request in
+///   `correlationId` unless its envelope frame was over the limit (not read) or has no readable
+///   `id` (``Message/errorReply(_:refusing:limits:source:)``); one that arrives while the
 ///   server's queue is full is answered with `overloaded`.
 ///
 /// All methods may be called from any task; none blocks a thread.

@@ -186,7 +186,8 @@ extension RequestDispatcher {
                 read = try loop.reader.read(raw.body)
             } catch {
                 rejected()
-                raw.reply(Message.errorReply(error, correlationId: nil, source: source))
+                // Within the envelope limit (the bus saw to it): the id is worth reading again.
+                raw.reply(Message.errorReply(error, correlationId: Message.requestID(in: raw.body), source: source))
                 continue
             }
             let message = Message(read: read, body: raw.body, attachment: raw.attachment)

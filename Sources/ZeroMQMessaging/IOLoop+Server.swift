@@ -106,7 +106,7 @@ extension IOLoop {
             message = try Message(body: body, attachment: attachment)
         } catch {
             queue.count { $0.rejectedRequests += 1 }
-            sendReply(on: server, route: route, message: Message.errorReply(error, correlationId: nil, source: source))
+            sendReply(on: server, route: route, message: Message.errorReply(error, refusing: body, limits: server.limits, source: source))
             return
         }
         guard case .stream(let requests) = server.sink else { return }

@@ -45,7 +45,8 @@ struct BusLoopContractTests {
         try await withHarness(kind) { buses in
             let calls = Atomic(0)
             let (endpoint, registration) = try await bindRetrying { endpoint in
-                try await buses.server.serve(at: endpoint, limits: MessageLimits(maxEnvelopeBytes: 256)) { batch in
+                try await buses.server.serve(at: endpoint, limits: MessageLimits(maxEnvelopeBytes: 256, maxAttachmentBytes: 8)) {
+                    batch in
                     calls.add(batch.count, ordering: .relaxed)
                     for raw in batch { Self.echo(raw) }
                 }
@@ -54,6 +55,11 @@ struct BusLoopContractTests {
             let reply = try await buses.client.request(
                 try echoRequest(String(repeating: "x", count: 400)), to: endpoint, timeout: .seconds(10))
             #expect(reply.serviceError?.code == .messageTooLarge)
+            #expect(reply.header.correlationId == nil, "the envelope was not read")
+            let heavy = try echoRequest("heavy", attachment: Data(count: 9))
+            let heavyReply = try await buses.client.request(heavy, to: endpoint, timeout: .seconds(10))
+            #expect(heavyReply.serviceError?.code == .messageTooLarge)
+            #expect(heavyReply.header.correlationId == (try Message(body: heavy.body).header.id), "the envelope was read")
             #expect(calls.load(ordering: .relaxed) == 0)
             // Still serving.
             let small = try await buses.client.request(try echoRequest("ok", number: 3), to: endpoint, timeout: .seconds(10))

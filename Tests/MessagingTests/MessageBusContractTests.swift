@@ -113,7 +113,7 @@ struct MessageBusContractTests {
     }
 
     enum BadRequest: String, CaseIterable, Sendable, CustomTestStringConvertible {
-        case malformedJSON, unsupportedVersion, envelopeTooLarge, unexpectedAttachment
+        case malformedJSON, unsupportedVersion, envelopeTooLarge, unexpectedAttachment, attachmentTooLarge
 
         var testDescription: String { rawValue }
 
@@ -123,32 +123,44 @@ struct MessageBusContractTests {
             case .unsupportedVersion: try echoRequest("future", version: 99)
             case .envelopeTooLarge: try echoRequest(String(repeating: "x", count: 2000))
             case .unexpectedAttachment: try echoRequest("with bytes", attachment: Data([1, 2, 3]))
+            case .attachmentTooLarge: try echoRequest("with many bytes", attachment: Data(count: 100))
             }
+        }
+
+        var limits: MessageLimits {
+            MessageLimits(maxEnvelopeBytes: 1024, maxAttachmentBytes: self == .attachmentTooLarge ? 64 : 0)
         }
 
         var expected: ErrorCode {
             switch self {
             case .malformedJSON: .invalidMessage
             case .unsupportedVersion: .unsupportedVersion
-            case .envelopeTooLarge: .messageTooLarge
+            case .envelopeTooLarge, .attachmentTooLarge: .messageTooLarge
             case .unexpectedAttachment: .unexpectedFrames
             }
         }
+
+        /// Whether the reply names the request: only an envelope that was not read (over its
+        /// limit) or that has no id to read goes without.
+        var repliesWithID: Bool { self != .malformedJSON && self != .envelopeTooLarge }
     }
 
-    @Test("the bus answers requests the server cannot read with a typed error",
+    @Test("the bus answers requests the server cannot read with a typed error, naming the request when its envelope was read",
           arguments: BusKind.allCases, BadRequest.allCases)
     func unreadableRequest(kind: BusKind, bad: BadRequest) async throws {
         try await withHarness(kind) { buses in
             let handled = Atomic<Int>(0)
-            let limits = MessageLimits(maxEnvelopeBytes: 1024, maxAttachmentBytes: 0)
-            let (endpoint, _) = try await buses.startServer(limits: limits) { request in
+            let (endpoint, _) = try await buses.startServer(limits: bad.limits) { request in
                 handled.add(1, ordering: .relaxed)
                 await echoHandler(request)
             }
-            let reply = try await buses.client.request(try bad.message(), to: endpoint, timeout: .seconds(5))
+            let request = try bad.message()
+            let reply = try await buses.client.request(request, to: endpoint, timeout: .seconds(5))
             #expect(reply.serviceError?.code == bad.expected)
             #expect(reply.header.source == "bus")
+            let sentID = (try? JSONSerialization.jsonObject(with: request.body) as? [String: Any])?["id"] as? String
+            #expect(!bad.repliesWithID || sentID != nil)
+            #expect(reply.header.correlationId == (bad.repliesWithID ? sentID : nil))
             #expect(handled.load(ordering: .relaxed) == 0)
             #expect(buses.server.statistics.rejectedRequests == 1)
         }

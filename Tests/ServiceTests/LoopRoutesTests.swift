@@ -128,6 +128,25 @@ struct LoopRoutesTests {
         }
     }
 
+    @Test("a request whose payload cannot be read is refused with invalidMessage, and the reply names the request")
+    func unreadablePayload() throws {
+        try withDatabase { database in
+            let replies = Replies()
+            let id = UUID().uuidString.lowercased()
+            let body = Data(
+                #"{"version":1,"id":"\#(id)","type":"test.add","source":"test","sequence":0,"time":"2026-11-21T05:30:00.123Z","payload":{"name":5}}"#
+                    .utf8)
+            let raw = RawRequest(body: body, attachment: nil) { reply in
+                replies.messages.withLock { $0[0] = try? Message(body: reply.body) }
+            }
+            var rejected = 0
+            dispatcher(database).handleOnLoop([raw], refusing: nil, rejected: { rejected += 1 }, defer: { _ in })
+            #expect(replies.error(0) == .invalidMessage)
+            #expect(replies.messages.withLock { $0[0]?.header.correlationId } == id)
+            #expect(rejected == 1)
+        }
+    }
+
     struct Stamp: APIRequest {
         typealias Response = Stamped
         static let type = "test.stamp"
