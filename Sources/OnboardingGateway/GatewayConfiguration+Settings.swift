@@ -17,6 +17,7 @@ extension GatewayConfiguration {
             serviceToken: try settings.serviceToken(create: true),
             maxImageBytes: try settings.integer(.maxImageBytes),
             heartbeat: .seconds(try settings.integer(.gatewayHeartbeatSeconds)),
+            idleTimeout: .seconds(try settings.integer(.gatewayIdleTimeoutSeconds)),
             signInLimit: .perMinute(try settings.integer(.gatewaySignInsPerMinute)),
             usernameCheckLimit: RateLimiter.Rule(burst: Double(usernameChecks * 4), perSecond: Double(usernameChecks)),
             trustedProxies: Set(settings.list(.gatewayTrustedProxies) ?? []))

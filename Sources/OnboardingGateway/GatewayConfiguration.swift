@@ -23,6 +23,9 @@ public struct GatewayConfiguration: Sendable {
     public var callDeadline: Duration
     /// How often an idle intent stream sends a heartbeat comment.
     public var heartbeat: Duration
+    /// How long a connection may sit idle (no request being read or answered) before the
+    /// gateway closes it. An open intent stream is a request being answered: never idle.
+    public var idleTimeout: Duration
     /// How many intents a stream may have waiting for a slow client before the gateway closes
     /// it (the client reconnects with `Last-Event-ID` and loses nothing).
     public var streamBuffer: Int
@@ -50,6 +53,7 @@ public struct GatewayConfiguration: Sendable {
         callTimeout: Duration = Defaults.requestTimeout,
         callDeadline: Duration = Defaults.retryDeadline,
         heartbeat: Duration = .seconds(15),
+        idleTimeout: Duration = .seconds(75),
         streamBuffer: Int = 256,
         maxReplay: UInt64 = 100_000,
         signInLimit: RateLimiter.Rule = .perMinute(30),
@@ -68,6 +72,7 @@ public struct GatewayConfiguration: Sendable {
         self.callTimeout = callTimeout
         self.callDeadline = callDeadline
         self.heartbeat = heartbeat
+        self.idleTimeout = idleTimeout
         self.streamBuffer = streamBuffer
         self.maxReplay = maxReplay
         self.signInLimit = signInLimit

@@ -51,6 +51,9 @@ public struct OnboardingGateway: Service {
         let logger = logger
         let application = Application(
             router: routes(),
+            // Hummingbird's connection handler closes a connection idle this long: no request
+            // being read, none being answered. A live intent stream is being answered: it stays.
+            server: .http1(configuration: .init(idleTimeout: TimeAmount(configuration.idleTimeout))),
             configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: nil),
             onServerRunning: { channel in
                 let bound = channel.localAddress?.port ?? 0

@@ -205,6 +205,10 @@ extension Setting {
     public static let gatewayHeartbeatSeconds = Setting(
         "gateway.heartbeatSeconds", .integer(1...3600), default: .value("15"),
         "seconds between heartbeats on an idle intent stream", group: .gateway, programs: [.gateway])
+    public static let gatewayIdleTimeoutSeconds = Setting(
+        "gateway.idleTimeoutSeconds", .integer(1...3600), default: .value("75"),
+        "seconds a connection may sit idle, no request being read or answered, before the gateway closes it (an open intent stream is never idle)",
+        group: .gateway, programs: [.gateway])
 
     // MARK: Command-line tools
 
@@ -224,6 +228,7 @@ extension Setting {
         appleTeamID, appleKeyID, applePrivateKeyPath, applePrivateKey, appleUnlinkClientID, appleTokenURL, appleRevokeURL,
         kakaoAdminKey, kakaoUnlinkURL, naverClientSecret, naverUnlinkClientID, naverTokenURL, googleUnlink, googleRevokeURL,
         gatewayTrustedProxies, gatewaySignInsPerMinute, gatewayUsernameChecksPerSecond, gatewayHeartbeatSeconds,
+        gatewayIdleTimeoutSeconds,
         clientState,
     ]
 }

@@ -6,6 +6,7 @@ import Logging
 import Messaging
 import NIOCore
 import NIOHTTP1
+import NIOPosix
 import OnboardingAPI
 import OnboardingClient
 import OnboardingGateway
@@ -274,5 +275,58 @@ struct MultipartForm {
 extension InProcessBus {
     func waitUntilAnsweringOrchestrator() async throws {
         try await waitUntilAnswering(GatewaySystem.orchestratorRPC, source: "test")
+    }
+}
+
+/// A plain TCP connection to a gateway: for requests an HTTP client library would not send as
+/// they are (a path whose bytes are not UTF-8), and to see when the gateway closes it.
+struct RawConnection {
+    let channel: NIOAsyncChannel<ByteBuffer, ByteBuffer>
+
+    static func open(port: Int) async throws -> RawConnection {
+        let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .connect(host: "127.0.0.1", port: port) { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
+                }
+            }
+        return RawConnection(channel: channel)
+    }
+
+    /// Sends `request`, reads until the gateway closes the connection, and returns what it
+    /// read and when it closed, counted from `since` (`nil`: not within `deadline`).
+    func readUntilClosed(sending request: String? = nil, since: ContinuousClock.Instant, deadline: Duration)
+        async throws -> (text: String, closedAfter: Duration?)
+    {
+        let received = try await withThrowingTaskGroup(of: (String, Duration?).self) { group in
+            group.addTask {
+                var text = ""
+                try await channel.executeThenClose { inbound, outbound in
+                    if let request { try await outbound.write(ByteBuffer(string: request)) }
+                    for try await buffer in inbound { text += String(buffer: buffer) }
+                }
+                return (text, ContinuousClock.now - since)
+            }
+            group.addTask {
+                try await Task.sleep(for: deadline)
+                return ("", nil)
+            }
+            defer { group.cancelAll() }
+            return try await group.next()!
+        }
+        return (received.0, received.1)
+    }
+
+    /// Sends `GET path` (as it is: no encoding is checked or changed) on a connection of its own
+    /// and returns the status and the body of the answer.
+    static func get(_ path: String, port: Int) async throws -> (status: Int, body: Data) {
+        let connection = try await open(port: port)
+        let text = try await connection.readUntilClosed(
+            sending: "GET \(path) HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n", since: .now, deadline: .seconds(30)
+        ).text
+        let statusLine = text.prefix { $0 != "\r" }.split(separator: " ")
+        let status = try #require(statusLine.count > 1 ? Int(statusLine[1]) : nil, "no status line in \(text.prefix(200))")
+        let body = text.range(of: "\r\n\r\n").map { String(text[$0.upperBound...]) } ?? ""
+        return (status, Data(body.utf8))
     }
 }

@@ -266,6 +266,7 @@ struct SettingsTests {
         let gateway = GatewayConfiguration()
         #expect("http://\(gateway.host):\(gateway.port)" == Setting.gatewayHTTP.defaultText)
         #expect(gateway.heartbeat == .seconds(Int(Setting.gatewayHeartbeatSeconds.defaultText)!))
+        #expect(gateway.idleTimeout == .seconds(Int(Setting.gatewayIdleTimeoutSeconds.defaultText)!))
         #expect(gateway.maxImageBytes == Int(Setting.maxImageBytes.defaultText))
         #expect(ProfileService.Configuration().cacheCapacity == Int(Setting.profileCacheCapacity.defaultText))
     }
@@ -282,6 +283,11 @@ struct SettingsTests {
         #expect(gateway.serviceToken == "t")
         let profile = try ProfileService.Configuration(Settings(environment: ["ONBOARDING_DATA_DIR": "/srv/x", "ONBOARDING_SERVICE_TOKEN": "t"]))
         #expect(profile.databasePath == "/srv/x/profile.sqlite")
+        let idle = try GatewayConfiguration(Settings(environment: ["ONBOARDING_SERVICE_TOKEN": "t", "ONBOARDING_GATEWAY_IDLE_TIMEOUT_SECONDS": "5"]))
+        #expect(idle.idleTimeout == .seconds(5))
+        #expect(throws: SettingError.self) {
+            try GatewayConfiguration(Settings(environment: ["ONBOARDING_SERVICE_TOKEN": "t", "ONBOARDING_GATEWAY_IDLE_TIMEOUT_SECONDS": "0"]))
+        }
     }
 
     static func file(_ text: String) throws -> String {
