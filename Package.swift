@@ -101,7 +101,8 @@ let package = Package(
         .testTarget(
             name: "OnboardingSettingsTests",
             dependencies: [
-                "OnboardingSettings", "OnboardingAPI", "AuthIdentity", "ProfileService", "OnboardingGateway", "FuzzKit",
+                "OnboardingSettings", "OnboardingAPI", "AuthIdentity", "AuthService", "ProfileService", "OnboardingGateway",
+                "FuzzKit",
                 .product(name: "Configuration", package: "swift-configuration"),
             ]
         ),

@@ -5,8 +5,9 @@ import Foundation
 ///
 /// - A session expires ``lifetime`` (30 days) after it was last used; every use slides it. So that
 ///   checking a session is not a write each time, its last use is recorded again only once it is
-///   ``renewalInterval`` (1 hour) old: a session may therefore end up to that much earlier than
-///   `lifetime` after its very last use.
+///   ``renewalInterval`` (1 hour; for a lifetime under a day, a 24th of it) old: a session may
+///   therefore end up to that much earlier than `lifetime` after its very last use. (Lifetimes
+///   under a day are for tests and demos; a 24th keeps them sliding with each use, as a day's.)
 /// - An account holds at most ``maximumPerAccount`` (10) live sessions: a sign-in beyond that ends
 ///   the least recently used ones.
 /// - Expired sessions are deleted (pruned) at sign-ins; an expired or evicted session's token
@@ -19,10 +20,12 @@ public struct SessionPolicy: Sendable, Hashable {
     public var maximumPerAccount: Int
     public var renewalInterval: TimeInterval
 
-    public init(lifetime: TimeInterval = 30 * 86_400, maximumPerAccount: Int = 10, renewalInterval: TimeInterval = 3_600) {
+    /// - Parameter renewalInterval: `nil`: 1 hour, or a 24th of the lifetime when that is shorter.
+    ///   Never more than the lifetime.
+    public init(lifetime: TimeInterval = 30 * 86_400, maximumPerAccount: Int = 10, renewalInterval: TimeInterval? = nil) {
         self.lifetime = lifetime
         self.maximumPerAccount = maximumPerAccount
-        self.renewalInterval = min(renewalInterval, lifetime)
+        self.renewalInterval = min(renewalInterval ?? min(3_600, lifetime / 24), lifetime)
     }
 
     /// A session last used at `lastUsed` has expired at `now`.

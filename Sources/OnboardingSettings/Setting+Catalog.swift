@@ -100,6 +100,10 @@ extension Setting {
     public static let sessionLifetimeDays = Setting(
         "sessionLifetimeDays", .integer(1...3650), default: .value("30"),
         "days a session lives unused; each use slides it", group: .sessions, programs: [.auth])
+    public static let sessionLifetimeSeconds = Setting(
+        "sessionLifetimeSeconds", .integer(1...(3650 * 86_400)), default: .unset("none: the days decide"),
+        "seconds a session lives unused, for tests and demos; when set, it wins over ONBOARDING_SESSION_LIFETIME_DAYS",
+        group: .sessions, programs: [.auth])
     public static let maxSessionsPerAccount = Setting(
         "maxSessionsPerAccount", .integer(1...1000), default: .value("10"),
         "live sessions an account may hold; a sign-in beyond ends the least recently used",
@@ -222,7 +226,7 @@ extension Setting {
         dataDir, authDatabase, profileDatabase, orchestratorDatabase, imageDir, eventRetentionHours, profileCacheCapacity,
         serviceToken, logLevel, exitWithParent,
         maxImageBytes, maxImagePixels, maxImageSide, imageDecodeThreads,
-        authDevMode, sessionLifetimeDays, maxSessionsPerAccount,
+        authDevMode, sessionLifetimeDays, sessionLifetimeSeconds, maxSessionsPerAccount,
         googleClientIDs, googleIssuers, googleJWKSURL, appleClientIDs, appleIssuers, appleJWKSURL,
         kakaoClientIDs, kakaoIssuers, kakaoJWKSURL, naverClientIDs, naverProfileURL, authTokenLeewaySeconds,
         appleTeamID, appleKeyID, applePrivateKeyPath, applePrivateKey, appleUnlinkClientID, appleTokenURL, appleRevokeURL,

@@ -1,4 +1,5 @@
 import AuthIdentity
+import AuthService
 import Configuration
 import Foundation
 import FuzzKit
@@ -267,6 +268,7 @@ struct SettingsTests {
         #expect("http://\(gateway.host):\(gateway.port)" == Setting.gatewayHTTP.defaultText)
         #expect(gateway.heartbeat == .seconds(Int(Setting.gatewayHeartbeatSeconds.defaultText)!))
         #expect(gateway.idleTimeout == .seconds(Int(Setting.gatewayIdleTimeoutSeconds.defaultText)!))
+        #expect(SessionPolicy().lifetime == TimeInterval(Int(Setting.sessionLifetimeDays.defaultText)! * 86_400))
         #expect(gateway.maxImageBytes == Int(Setting.maxImageBytes.defaultText))
         #expect(ProfileService.Configuration().cacheCapacity == Int(Setting.profileCacheCapacity.defaultText))
     }
@@ -288,6 +290,25 @@ struct SettingsTests {
         #expect(throws: SettingError.self) {
             try GatewayConfiguration(Settings(environment: ["ONBOARDING_SERVICE_TOKEN": "t", "ONBOARDING_GATEWAY_IDLE_TIMEOUT_SECONDS": "0"]))
         }
+    }
+
+    @Test("a session lifetime in seconds, for tests and demos, wins over the days; the days alone still work; 30 days unless set")
+    func sessionLifetime() throws {
+        func lifetime(_ environment: [String: String]) throws -> TimeInterval {
+            try AuthService.Configuration(Settings(environment: environment.merging(["ONBOARDING_SERVICE_TOKEN": "t"]) { a, _ in a }))
+                .sessions.lifetime
+        }
+        #expect(try lifetime([:]) == 30 * 86_400)
+        #expect(try lifetime(["ONBOARDING_SESSION_LIFETIME_DAYS": "2"]) == 2 * 86_400)
+        #expect(try lifetime(["ONBOARDING_SESSION_LIFETIME_SECONDS": "90"]) == 90)
+        #expect(try lifetime(["ONBOARDING_SESSION_LIFETIME_SECONDS": "90", "ONBOARDING_SESSION_LIFETIME_DAYS": "2"]) == 90)
+        #expect(throws: SettingError.self) { try lifetime(["ONBOARDING_SESSION_LIFETIME_SECONDS": "0"]) }
+        #expect(throws: SettingError.self) { try lifetime(["ONBOARDING_SESSION_LIFETIME_SECONDS": "90s"]) }
+        // A lifetime of seconds still slides with each use: its last use is recorded often enough.
+        let short = try AuthService.Configuration(
+            Settings(environment: ["ONBOARDING_SERVICE_TOKEN": "t", "ONBOARDING_SESSION_LIFETIME_SECONDS": "240"])).sessions
+        #expect(short.renewalInterval == 10)
+        #expect(SessionPolicy().renewalInterval == 3600)
     }
 
     static func file(_ text: String) throws -> String {
