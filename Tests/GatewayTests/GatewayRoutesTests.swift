@@ -133,6 +133,18 @@ struct GatewayRoutesTests {
         }
     }
 
+    @Test("a username in the path that is not percent-encoded UTF-8 is the 400 its route declares")
+    func usernameNotUTF8() async throws {
+        try await GatewaySystem().run { _, gateway in
+            // Sent byte for byte: an HTTP client library may decode and re-encode the path.
+            let reply = try await RawConnection.get("/v1/usernames/%FF%FE", port: gateway.port)
+            let problem = try JSONDecoder().decode(Problem.self, from: reply.body)
+            #expect(reply.status == 400 && problem.code == "invalidRequest", "\(reply.status) \(String(decoding: reply.body, as: UTF8.self))")
+            #expect(problem.detail.contains("UTF-8"))
+            #expect(try OpenAPIDocumentTests.declaredStatuses("get", "/v1/usernames/{username}").contains(reply.status))
+        }
+    }
+
     @Test("a name someone holds is 409 usernameTaken (duplicated); a second set-up is 409 profileExists")
     func conflicts() async throws {
         try await GatewaySystem().run { _, gateway in

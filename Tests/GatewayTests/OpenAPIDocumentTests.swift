@@ -18,6 +18,14 @@ struct OpenAPIDocumentTests {
         try #require(try JSONSerialization.jsonObject(with: documentData()) as? [String: Any])
     }
 
+    /// The statuses the document declares for `method` (lowercase) at the path template `path`.
+    static func declaredStatuses(_ method: String, _ path: String) throws -> Set<Int> {
+        let paths = try #require(try documentObject()["paths"] as? [String: Any])
+        let operation = try #require((paths[path] as? [String: Any])?[method] as? [String: Any], "\(method) \(path)")
+        let responses = try #require(operation["responses"] as? [String: Any])
+        return Set(responses.keys.compactMap(Int.init))
+    }
+
     @Test("it decodes as OpenAPI 3.1 and passes OpenAPIKit's validation")
     func validates() throws {
         let document = try JSONDecoder().decode(OpenAPI.Document.self, from: Self.documentData())
