@@ -167,7 +167,9 @@ public struct AuthService: Service {
         } else {
             dispatcher.on(SignIn.self, access: .open) { request, context in
             // Verified before the store is touched: a sign-in whose keys must be fetched (or
-            // that Naver must answer) waits here, off the bus's thread.
+            // that Naver must answer) waits here, off the bus's thread. The subject is ignored
+            // here, but its rule holds in every mode, as the schema says.
+            if let problem = SignIn.subjectProblem(request.subject) { throw problem }
             let subject = try await identities.verify(request)
             let result = try await store.signIn(
                 provider: request.provider, subject: subject, correlationId: context.message.header.id)

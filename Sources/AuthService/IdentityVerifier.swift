@@ -55,17 +55,18 @@ extension ImmediateIdentityVerifier {
 
 /// Local development only: trusts the subject as sent, with or without an ID token.
 ///
-/// The subject is trimmed of surrounding white space and must then be 1 to
-/// ``maximumSubjectLength`` characters long, with no control character (a NUL, a tab, a line
-/// break inside it). Never use this in production: anyone can sign in as anyone.
+/// The subject must hold no control character anywhere (a NUL, a tab, a line break: see
+/// ``SignIn/subjectProblem(_:)``, the rule of every mode); it is then trimmed of surrounding
+/// white space and must be 1 to ``maximumSubjectLength`` characters long. Never use this in
+/// production: anyone can sign in as anyone.
 public struct DevModeIdentityVerifier: ImmediateIdentityVerifier {
     public static let maximumSubjectLength = 256
 
     public init() {}
 
     /// - Returns: the trimmed subject.
-    /// - Throws: ``ServiceError`` `invalidRequest` when the subject is empty, too long, or holds a
-    ///   control character.
+    /// - Throws: ``ServiceError`` `invalidRequest` when the subject holds a control character,
+    ///   or is empty or too long once trimmed.
     public func verifyNow(_ request: SignIn) throws -> String {
         let subject = request.subject
         // The usual subject (printable ASCII throughout, no space at either end, short) needs no
@@ -75,6 +76,7 @@ public struct DevModeIdentityVerifier: ImmediateIdentityVerifier {
         {
             return subject
         }
+        if let problem = SignIn.subjectProblem(subject) { throw problem }
         let trimmed = subject.trimmingCharacters(in: .whitespacesAndNewlines)
         guard !trimmed.isEmpty else {
             throw ServiceError(.invalidRequest, "Field 'subject' is empty; send the provider account's id.")
@@ -83,11 +85,6 @@ public struct DevModeIdentityVerifier: ImmediateIdentityVerifier {
             throw ServiceError(
                 .invalidRequest,
                 "Field 'subject' has \(trimmed.count) characters; at most \(Self.maximumSubjectLength) are accepted.")
-        }
-        if let control = trimmed.unicodeScalars.first(where: { $0.properties.generalCategory == .control }) {
-            throw ServiceError(
-                .invalidRequest,
-                "Field 'subject' contains the control character U+\(String(format: "%04X", control.value)); send the provider account's id as printable text.")
         }
         return trimmed
     }

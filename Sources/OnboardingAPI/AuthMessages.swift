@@ -13,7 +13,8 @@ public struct SignIn: APIRequest {
     public var provider: Provider
     /// The provider's id for the account. Trusted only in local dev mode, which accepts it
     /// without a token; otherwise the subject comes from the verified token and this is ignored
-    /// (send the id the provider gave the app, or an empty string).
+    /// (send the id the provider gave the app, or an empty string). In every mode it holds no
+    /// control character (see ``subjectProblem(_:)``).
     public var subject: String
     /// Google, Apple, Kakao: the OpenID Connect ID token the provider's sign-in gave the app.
     public var idToken: String?
@@ -37,6 +38,24 @@ public struct SignIn: APIRequest {
         self.accessToken = accessToken
         self.nonce = nonce
         self.authorizationCode = authorizationCode
+    }
+}
+
+extension SignIn {
+    /// What is wrong with `subject` in any mode, or `nil`: it must hold no control character
+    /// (Unicode category Cc: U+0000–U+001F and U+007F–U+009F; a NUL, a tab, a line break), as
+    /// the `pattern` of `auth.signIn.schema.json` says. A provider's id is printable text, and
+    /// one that is not would end up in logs and databases as it came.
+    ///
+    /// - Returns: an `invalidRequest` error naming the first such character.
+    public static func subjectProblem(_ subject: String) -> ServiceError? {
+        guard let control = subject.unicodeScalars.first(where: { $0.properties.generalCategory == .control }) else {
+            return nil
+        }
+        let code = String(control.value, radix: 16, uppercase: true)
+        return ServiceError(
+            .invalidRequest,
+            "Field 'subject' contains the control character U+\(String(repeating: "0", count: max(0, 4 - code.count)))\(code); send the provider account's id as printable text.")
     }
 }
 

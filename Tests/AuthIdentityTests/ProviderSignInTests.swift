@@ -111,6 +111,19 @@ struct ProviderSignInTests {
         }
     }
 
+    @Test("a subject with a control character is refused here too, as the schema says, though the token's is the one used")
+    func subjectControlCharacter() async throws {
+        try await withSystem { fake, _ in
+            let token = try fake.mintIDToken(.kakao, subject: "3141")
+            let error = await expectError(.invalidRequest) {
+                try await signIn(SignIn(provider: .kakao, subject: "31\u{0}41", idToken: token))
+            }
+            #expect(error?.message.contains("U+0000") == true)
+            // Nothing was created: the same token with a printable subject makes the account.
+            #expect(try await signIn(SignIn(provider: .kakao, subject: "3141", idToken: token)).isNewAccount)
+        }
+    }
+
     @Test("a token for a second configured client id is accepted")
     func secondClientID() async throws {
         try await withSystem { fake, _ in

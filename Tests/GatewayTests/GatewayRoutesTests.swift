@@ -145,6 +145,21 @@ struct GatewayRoutesTests {
         }
     }
 
+    @Test("a sign-in subject with a control character anywhere is a 400 naming it; printable ones sign in")
+    func subjectControlCharacters() async throws {
+        try await GatewaySystem().run { _, gateway in
+            let http = GatewayHTTP(gateway)
+            for subject in ["nul\u{0}inside", "trailing-newline\n", "\tleading-tab", "c1\u{85}control"] {
+                let reply = try await http.json(.POST, "/v1/session", ["provider": "kakao", "subject": subject])
+                #expect(reply.status == 400 && reply.problem?.code == "invalidRequest", "\(subject.debugDescription): \(reply.text)")
+                #expect(reply.problem?.detail.contains("control character U+") == true, "\(reply.text)")
+            }
+            #expect(try OpenAPIDocumentTests.declaredStatuses("post", "/v1/session").contains(400))
+            let spaced = try await http.signIn(" 민지 with spaces \(UUID().uuidString) ")
+            #expect(spaced.isNewAccount)
+        }
+    }
+
     @Test("a name someone holds is 409 usernameTaken (duplicated); a second set-up is 409 profileExists")
     func conflicts() async throws {
         try await GatewaySystem().run { _, gateway in

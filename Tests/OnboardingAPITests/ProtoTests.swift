@@ -195,6 +195,30 @@ struct ProtoTests {
         #expect(!errors.isEmpty, "\(name) was accepted")
     }
 
+    @Test("auth.signIn's subject pattern refuses exactly what auth refuses in every mode: a control character anywhere")
+    func signInSubjectPattern() throws {
+        let controls = Array(0x00...0x1F) + Array(0x7F...0x9F)
+        var subjects = controls.map { "a\(Character(Unicode.Scalar(UInt8($0))))b" }
+        subjects += controls.map { "trailing\(Character(Unicode.Scalar(UInt8($0))))" }
+        subjects += ["", "minji", "민지", "a b", " padded ", "\u{A0}", "line\u{2028}separator", "😀", "e\u{301}", "\u{FEFF}bom"]
+        for subject in subjects {
+            let payload = JSONValue.object(["provider": .string("kakao"), "subject": .string(subject)])
+            let schemaAccepts = Self.validator.validate(payload, against: "auth.signIn.schema.json").isEmpty
+            #expect(schemaAccepts == (SignIn.subjectProblem(subject) == nil), "\(subject.debugDescription)")
+        }
+        let nul = try #require(SignIn.subjectProblem("nul\u{0}inside"))
+        #expect(nul.code == .invalidRequest && nul.message.contains("U+0000"))
+        #expect(SignIn.subjectProblem("c1\u{85}")?.message.contains("U+0085") == true)
+    }
+
+    @Test("The validator reads $ as ECMA-262 does: the end of the text, not before a last line break")
+    func patternEnd() {
+        let validator = SchemaValidator(documents: ["x.schema.json": .object(["pattern": .string("^[a-z]*$")])])
+        #expect(validator.validate(.string("abc"), against: "x.schema.json").isEmpty)
+        #expect(!validator.validate(.string("abc\n"), against: "x.schema.json").isEmpty)
+        #expect(SchemaValidator.ecmaEnd(#"^[$]\$x$"#) == #"^[$]\$x\z"#)
+    }
+
     @Test("The validator refuses schema keywords it does not implement")
     func unsupportedKeywordsAreErrors() {
         let validator = SchemaValidator(documents: [

@@ -4,7 +4,8 @@ import Foundation
 ///
 /// Assertions: `type` (a name or an array of names), `enum`, `const`, `properties`, `required`,
 /// `additionalProperties` (`false` or a schema), `items`, `pattern` (unanchored, as the spec
-/// says), `minLength`/`maxLength` (in code points), `minimum`/`maximum`, `anyOf`, and `$ref` to
+/// says, and with ECMA-262's `$`: the end of the text only, never before a last line break as
+/// ICU's), `minLength`/`maxLength` (in code points), `minimum`/`maximum`, `anyOf`, and `$ref` to
 /// `#/$defs/…` in the same file or `<file>#/$defs/…` in another file of the folder. `$ref` may
 /// sit beside other keywords; both apply. Annotations (`title`, `description`, `examples`,
 /// `format`, …) are ignored. Any other keyword is reported as an error, so that a schema never
@@ -153,7 +154,7 @@ struct SchemaValidator {
         }
         if let pattern = keywords["pattern"]?.stringValue {
             do {
-                let expression = try NSRegularExpression(pattern: pattern)
+                let expression = try NSRegularExpression(pattern: Self.ecmaEnd(pattern))
                 let range = NSRange(text.startIndex..<text.endIndex, in: text)
                 if expression.firstMatch(in: text, range: range) == nil {
                     errors.append("\(path): \"\(text)\" does not match \(pattern)")
@@ -174,5 +175,31 @@ struct SchemaValidator {
         default:
             false
         }
+    }
+}
+
+extension SchemaValidator {
+    /// `pattern` with each `$` outside a character class as `\z`: in ECMA-262 (the dialect JSON
+    /// Schema names) `$` is the end of the text, while ICU's also matches before a last line
+    /// break, which would let `"a\n"` pass `^[^\n]*$`.
+    static func ecmaEnd(_ pattern: String) -> String {
+        var out = ""
+        var escaped = false
+        var inClass = false
+        for character in pattern {
+            if escaped {
+                out.append(character)
+                escaped = false
+                continue
+            }
+            switch character {
+            case "\\": escaped = true; out.append(character)
+            case "[": inClass = true; out.append(character)
+            case "]": inClass = false; out.append(character)
+            case "$" where !inClass: out += "\\z"
+            default: out.append(character)
+            }
+        }
+        return out
     }
 }

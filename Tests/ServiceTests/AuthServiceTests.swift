@@ -73,12 +73,16 @@ struct AuthServiceTests {
         }
     }
 
-    @Test("a subject is trimmed, so surrounding spaces do not make a second account")
+    @Test("a subject is trimmed, so surrounding spaces do not make a second account; a line break is a control character")
     func subjectIsTrimmed() async throws {
         try await withAuth {
             let plain = try await signIn(.apple, "bob")
-            let padded = try await signIn(.apple, "  bob \n")
+            let padded = try await signIn(.apple, "  bob ")
             #expect(plain.uid == padded.uid)
+            let unicodeSpaces = try await signIn(.apple, "\u{A0}bob\u{2003}")
+            #expect(plain.uid == unicodeSpaces.uid)
+            // The schema's rule, in every mode: no control character anywhere, at the ends too.
+            await expectError(.invalidRequest) { try await signIn(.apple, "bob\n") }
         }
     }
 
