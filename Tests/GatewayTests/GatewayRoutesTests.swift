@@ -133,6 +133,30 @@ struct GatewayRoutesTests {
         }
     }
 
+    @Test("a repeated sign-out within 24 hours of the session's end is 204 as the first; later, or a token never a session, 401")
+    func repeatedSignOut() async throws {
+        let time = MovableTime()
+        var system = try GatewaySystem()
+        system.authClock = { time.now }
+        try await system.run { _, gateway in
+            let http = GatewayHTTP(gateway)
+            let me = try await http.signIn("repeat-\(UUID().uuidString)")
+            #expect(try await http.send(.DELETE, "/v1/session", token: me.sessionToken).status == 204)
+            // The reply was lost; the app sends it again, much later the same day.
+            time.advance(23 * 3600)
+            let repeated = try await http.send(.DELETE, "/v1/session", token: me.sessionToken)
+            #expect(repeated.status == 204, "\(repeated.text)")
+            #expect(try OpenAPIDocumentTests.declaredStatuses("delete", "/v1/session").contains(204))
+            #expect(try await http.send(.GET, "/v1/me/profile", token: me.sessionToken).status == 401, "still signed out")
+            // Past auth's memory of ended sessions: 401, as for a token that never was one.
+            time.advance(2 * 3600)
+            let late = try await http.send(.DELETE, "/v1/session", token: me.sessionToken)
+            #expect(late.status == 401 && late.problem?.code == "unauthenticated")
+            let never = try await http.send(.DELETE, "/v1/session", token: "17.never-a-session")
+            #expect(never.status == 401 && never.problem?.code == "unauthenticated")
+        }
+    }
+
     @Test("a username in the path that is not percent-encoded UTF-8 is the 400 its route declares")
     func usernameNotUTF8() async throws {
         try await GatewaySystem().run { _, gateway in

@@ -24,6 +24,8 @@ import Testing
 struct GatewaySystem: Sendable {
     let bus = InProcessBus(source: "gateway-test-bus")
     let directory: URL
+    /// The time auth stamps and judges sessions with (a test may move it).
+    var authClock: @Sendable () -> Date = { Date() }
 
     static let serviceToken = "gateway-test-service-token"
     static let authRPC: Endpoint = "inproc://auth"
@@ -100,7 +102,7 @@ struct GatewaySystem: Sendable {
                 configuration: .init(
                     rpc: Self.authRPC, events: Self.authEvents,
                     databasePath: directory.appendingPathComponent("auth.sqlite").path, devMode: true,
-                    serviceToken: Self.serviceToken),
+                    serviceToken: Self.serviceToken, clock: authClock),
                 bus: bus, logger: logger),
             try ProfileService(
                 configuration: .init(
@@ -270,6 +272,13 @@ struct MultipartForm {
 
     /// The body with its closing boundary.
     var finished: Data { body + Data("--\(boundary)--\r\n".utf8) }
+}
+
+/// A time a test moves by hand.
+final class MovableTime: Sendable {
+    private let value = Mutex(Date())
+    var now: Date { value.withLock { $0 } }
+    func advance(_ seconds: TimeInterval) { value.withLock { $0 = $0.addingTimeInterval(seconds) } }
 }
 
 extension InProcessBus {

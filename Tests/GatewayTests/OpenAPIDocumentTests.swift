@@ -1,3 +1,4 @@
+@testable import AuthService
 import Foundation
 import OnboardingGateway
 import OpenAPIKit
@@ -24,6 +25,18 @@ struct OpenAPIDocumentTests {
         let operation = try #require((paths[path] as? [String: Any])?[method] as? [String: Any], "\(method) \(path)")
         let responses = try #require(operation["responses"] as? [String: Any])
         return Set(responses.keys.compactMap(Int.init))
+    }
+
+    @Test("DELETE /v1/session says how a repeat is answered: 204 within auth's memory of ended sessions, 401 after")
+    func repeatedSignOutDocumented() throws {
+        let hours = Int(AuthStore.endedSessionRetention / 3600)
+        let paths = try #require(try Self.documentObject()["paths"] as? [String: Any])
+        let signOut = try #require((paths["/v1/session"] as? [String: Any])?["delete"] as? [String: Any])
+        let description = try #require(signOut["description"] as? String)
+        #expect(description.contains("within the last \(hours) hours is answered 204"), "\(description)")
+        #expect(description.contains("After those \(hours) hours, or with a token that never was a session, it is 401"))
+        let noContent = try #require(((signOut["responses"] as? [String: Any])?["204"] as? [String: Any])?["description"] as? String)
+        #expect(noContent.contains("\(hours) hours") && !noContent.contains("gets 401"), "\(noContent)")
     }
 
     @Test("it decodes as OpenAPI 3.1 and passes OpenAPIKit's validation")
