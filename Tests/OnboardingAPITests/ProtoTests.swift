@@ -320,6 +320,28 @@ struct ProtoTests {
         }
     }
 
+    @Test("Where the endpoints are described, both READMEs say that until the bus is authenticated anyone who can connect reads the publishers")
+    func unauthenticatedBusIsSaid() throws {
+        /// The text from `heading` to the next heading.
+        func section(_ file: String, _ heading: String) throws -> String {
+            let text = try Proto.text(file)
+            let start = try #require(text.range(of: "\n\(heading)\n"), "\(file) has no \(heading)")
+            let rest = text[start.upperBound...]
+            return String(rest[..<(rest.range(of: "\n#")?.lowerBound ?? rest.endIndex)])
+        }
+        let sections = [
+            try section("proto/README.md", "## Transport and endpoints"),
+            try section("README.md", "## The HTTP gateway: what apps talk to"),
+        ]
+        for text in sections {
+            #expect(text.contains("any local process"), "\(text.prefix(300))")
+            #expect(text.lowercased().contains("until") && text.contains("authenticated"))
+            for what in ["route intents", "usernames", "image paths"] {
+                #expect(text.contains(what), "does not say that \(what) can be read")
+            }
+        }
+    }
+
     @Test("Every message type and schema file is named in the README")
     func readmeNamesEveryMessage() throws {
         let readme = try Proto.text("proto/README.md")
