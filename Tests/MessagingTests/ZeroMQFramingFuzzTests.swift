@@ -134,7 +134,7 @@ enum FramingModel {
         /// The frames the reply starts with before its delimiter.
         var route: [Data]
         var answer: Answer
-        /// Whether the request id comes back as `correlationId`.
+        /// The request id that comes back as `correlationId` (`nil`: none).
         var correlationId: String?
         /// The server's bus refuses it itself (counted in `rejectedRequests`).
         var refusedByBus: Bool
@@ -148,23 +148,28 @@ enum FramingModel {
     }
 
     static func expect(_ frames: [Data], limits: MessageLimits) -> Expected {
-        func refused(_ code: ErrorCode, route: [Data]) -> Expected {
-            Expected(route: route, answer: .error(code), correlationId: nil, refusedByBus: true)
+        // A refusal names the request when its envelope frame was within the limit and holds a
+        // string id (proto/README.md, "Requests and replies"); without a delimiter or an envelope
+        // frame there is nothing to read it from.
+        func refused(_ code: ErrorCode, route: [Data], body: Data? = nil) -> Expected {
+            let id = body.flatMap { $0.count <= limits.maxEnvelopeBytes ? Message.requestID(in: $0) : nil }
+            return Expected(route: route, answer: .error(code), correlationId: id, refusedByBus: true)
         }
         guard let delimiter = frames.firstIndex(where: \.isEmpty) else { return refused(.invalidMessage, route: []) }
         let route = Array(frames[..<delimiter])
         guard delimiter + 1 < frames.count else { return refused(.invalidMessage, route: route) }
         let body = frames[delimiter + 1]
+        func refused(_ code: ErrorCode) -> Expected { refused(code, route: route, body: body) }
         let attachment = delimiter + 2 < frames.count ? frames[delimiter + 2] : nil
         let extra = max(0, frames.count - (delimiter + 3))
-        if body.count > limits.maxEnvelopeBytes { return refused(.messageTooLarge, route: route) }
-        if extra > 0 { return refused(.unexpectedFrames, route: route) }
-        if let attachment, attachment.count > limits.maxAttachmentBytes { return refused(.messageTooLarge, route: route) }
+        if body.count > limits.maxEnvelopeBytes { return refused(.messageTooLarge) }
+        if extra > 0 { return refused(.unexpectedFrames) }
+        if let attachment, attachment.count > limits.maxAttachmentBytes { return refused(.messageTooLarge) }
         let message: Message
         do throws(ServiceError) {
             message = try Message(body: body, attachment: attachment)
         } catch {
-            return refused(error.code, route: route)
+            return refused(error.code)
         }
         do throws(ServiceError) {
             let echo = try message.payload(as: Echo.self)
