@@ -37,6 +37,7 @@ extension IOLoop {
                 try socket.set(ZMQ_MAXMSGSIZE, Int64(limits.transportCap))
                 try socket.set(ZMQ_ROUTER_MANDATORY, Int32(1))
                 try socket.set(ZMQ_SNDHWM, Int32(clamping: configuration.replyHighWaterMark))
+                try secureServer(socket, at: endpoint)
                 try socket.bind(endpoint)
             }
             servers[id] = Server(socket: socket, endpoint: endpoint, limits: limits, sink: sink)

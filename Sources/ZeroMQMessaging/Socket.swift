@@ -58,6 +58,13 @@ struct Socket {
         }
     }
 
+    /// Sets a text option (a Z85 key, a ZAP domain).
+    func set(_ option: Int32, text: String) throws(ServiceError) {
+        var text = text
+        let rc = text.withUTF8 { bytes in zmq_setsockopt(handle, option, bytes.baseAddress, bytes.count) }
+        if rc != 0 { throw optionError(option, zmq_errno()) }
+    }
+
     /// Subscribes a SUB socket to the topics starting with `prefix`.
     func subscribe(_ prefix: String) throws(ServiceError) {
         var prefix = prefix
@@ -164,6 +171,11 @@ func socketOptionName(_ option: Int32) -> String {
     case ZMQ_RCVHWM: "ZMQ_RCVHWM"
     case ZMQ_IMMEDIATE: "ZMQ_IMMEDIATE"
     case ZMQ_SUBSCRIBE: "ZMQ_SUBSCRIBE"
+    case ZMQ_CURVE_SERVER: "ZMQ_CURVE_SERVER"
+    case ZMQ_CURVE_SECRETKEY: "ZMQ_CURVE_SECRETKEY"
+    case ZMQ_CURVE_PUBLICKEY: "ZMQ_CURVE_PUBLICKEY"
+    case ZMQ_CURVE_SERVERKEY: "ZMQ_CURVE_SERVERKEY"
+    case ZMQ_ZAP_DOMAIN: "ZMQ_ZAP_DOMAIN"
     default: "socket option \(option)"
     }
 }
