@@ -30,6 +30,7 @@ let package = Package(
         .executable(name: "onboarding-orchestrator", targets: ["onboarding-orchestrator"]),
         .executable(name: "onboarding-tap", targets: ["onboarding-tap"]),
         .executable(name: "onboarding-client", targets: ["onboarding-client"]),
+        .executable(name: "onboarding-keys", targets: ["onboarding-keys"]),
         .executable(name: "onboarding-chaos", targets: ["onboarding-chaos"]),
         .executable(name: "onboarding-bench", targets: ["onboarding-bench"]),
         .executable(name: "onboarding-bench-parts", targets: ["onboarding-bench-parts"]),
@@ -261,6 +262,7 @@ let package = Package(
             dependencies: [
                 "OnboardingClient",
                 "ZeroMQMessaging",
+                "ServiceHosting",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -268,6 +270,7 @@ let package = Package(
         ),
         .executableTarget(name: "onboarding-tap", dependencies: ["ClientCommands"]),
         .executableTarget(name: "onboarding-client", dependencies: ["ClientCommands"]),
+        .executableTarget(name: "onboarding-keys", dependencies: ["ClientCommands"]),
 
         // MARK: The test kit (the whole system in one call, stand-in services; Examples/StubTesting uses it)
 
@@ -343,7 +346,7 @@ let package = Package(
             name: "GatewayTests",
             dependencies: [
                 "OnboardingGateway", "AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator",
-                "ImageFixtures", "ZeroMQMessaging",
+                "ImageFixtures", "ZeroMQMessaging", "ServiceHosting",
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "OpenAPIKit", package: "OpenAPIKit"),
@@ -357,7 +360,7 @@ let package = Package(
             dependencies: [
                 "OnboardingClient", "AuthService", "ProfileService", "ImageUploadService",
                 "OnboardingOrchestrator", "ZeroMQMessaging", "FuzzKit", "ImageFixtures", "OnboardingTesting",
-                "FakeIdentityProvider",
+                "FakeIdentityProvider", "ServiceHosting",
             ]
         ),
 

@@ -94,7 +94,7 @@ public enum CurveKeyError: Error, Sendable, Equatable, CustomStringConvertible {
         case .unavailable(let reason):
             "this libzmq has no CURVE support (\(reason)); install Debian's libzmq3-dev, which has it"
         case .missing(let path):
-            "the key file \(path) does not exist; make the keys with `onboarding-keys make` (./compose/onboarding up does it)"
+            "the key file \(path) does not exist"
         case .unreadable(let path, let reason):
             "the key file \(path) cannot be read (\(reason))"
         case .tooOpen(let path, let mode):

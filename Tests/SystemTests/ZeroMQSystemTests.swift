@@ -17,6 +17,8 @@ final class RunningSystem: Sendable {
     let endpoints: SystemEndpoints
     let directory: URL
     let processes: [Process]
+    /// The test's own bus: its keys among the services'.
+    let bus: ZeroMQBus.Configuration
 
     /// Where `swift build` put the executables: beside this test bundle.
     static var binDirectory: URL {
@@ -34,6 +36,7 @@ final class RunningSystem: Sendable {
         endpoints = .tcp(base: 26_000 + Int.random(in: 0..<599) * 10)
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("onboarding-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        bus = try testBusConfiguration(directory: directory, servers: endpoints.servers)
         let e = endpoints
         let environment = ProcessInfo.processInfo.environment.merging([
             "ONBOARDING_DATA_DIR": directory.path,
@@ -83,7 +86,7 @@ final class RunningSystem: Sendable {
         let system = try RunningSystem()
         var logger = Logger(label: "zeromq-system-test")
         logger.logLevel = .warning
-        let bus = ZeroMQBus(source: "test", logger: logger)
+        let bus = ZeroMQBus(source: "test", logger: logger, configuration: system.bus)
         do {
             for (name, endpoint) in system.endpoints.rpcEndpoints {
                 do {
@@ -139,7 +142,8 @@ struct ZeroMQSystemTests {
         .enabled(if: PythonClient.isAvailable, "needs python3 with pyzmq (./compose/onboarding test installs it)"))
     func pythonClient() async throws {
         try await RunningSystem.run { _, system in
-            let result = try await PythonClient.run(endpoints: system.endpoints)
+            let result = try await PythonClient.run(
+                endpoints: system.endpoints, keysDirectory: system.directory.appendingPathComponent("keys").path)
             #expect(result.status == 0, "the Python client failed:\n\(result.output)")
             #expect(result.output.contains("python client: all steps passed"))
         }
@@ -163,13 +167,14 @@ enum PythonClient {
         return process.terminationStatus == 0
     }()
 
-    static func run(endpoints: SystemEndpoints) async throws -> (status: Int32, output: String) {
+    static func run(endpoints: SystemEndpoints, keysDirectory: String) async throws -> (status: Int32, output: String) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = ["python3", script.path]
         process.environment = ProcessInfo.processInfo.environment.merging([
             "ONBOARDING_AUTH_RPC": endpoints.authRPC.rawValue, "ONBOARDING_PROFILE_RPC": endpoints.profileRPC.rawValue,
             "ONBOARDING_ORCHESTRATOR_RPC": endpoints.orchestratorRPC.rawValue, "ONBOARDING_ROUTES": endpoints.routes.rawValue,
+            "ONBOARDING_KEYS_DIR": keysDirectory, "ONBOARDING_KEY_NAME": "client",
         ]) { $1 }
         let output = Pipe()
         process.standardOutput = output
