@@ -43,7 +43,9 @@ public struct EndpointOptions: ParsableArguments {
             let settings = Settings(flags: flags.merging(more.compactMapValues { $0 }) { mine, _ in mine })
             return try BusSecurity.busConfiguration(for: program, settings: settings)
         } catch let error as SettingError {
-            throw ValidationError(error.description)
+            // One line, without the usage text a ValidationError would add: nothing was misused.
+            FileHandle.standardError.write(Data("\(program.rawValue): \(error)\n".utf8))
+            throw ExitCode(2)
         }
     }
 
