@@ -141,6 +141,7 @@ let package = Package(
             name: "ServiceHosting",
             dependencies: [
                 "Messaging",
+                "OnboardingAPI",
                 "ZeroMQMessaging",
                 "OnboardingSettings",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),

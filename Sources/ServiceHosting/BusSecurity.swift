@@ -1,5 +1,6 @@
 import Foundation
 import Messaging
+import OnboardingAPI
 import OnboardingSettings
 import ZeroMQMessaging
 
@@ -38,7 +39,20 @@ public enum BusSecurity {
         let directory = keysDirectory(settings)
         let name = settings.text(.keyName) ?? program.keyName
         do {
-            return try BusKeys.load(from: directory, identity: name, servers: try serverEndpoints(settings))
+            var keys = try BusKeys.load(from: directory, identity: name, servers: try serverEndpoints(settings))
+            // Who may follow each publisher: the rights table, by the server that binds it.
+            let publishers = Dictionary(
+                [
+                    (try settings.endpoint(.authEvents), ServiceName.auth), (try settings.endpoint(.profileEvents), ServiceName.profile),
+                    (try settings.endpoint(.routes), ServiceName.orchestrator),
+                ],
+                uniquingKeysWith: { first, _ in first })
+            keys.mayFollow = { caller, endpoint in
+                publishers[endpoint].map { BusRights.may(caller, follow: $0) } ?? true
+            }
+            return keys
+        } catch let error as SettingError {
+            throw error
         } catch {
             throw SettingError(
                 "the bus's keys: \(error). Make missing keys with `onboarding-keys make --keys-dir \(directory)`; "

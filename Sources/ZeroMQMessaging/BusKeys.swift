@@ -20,6 +20,9 @@ public struct BusKeys: Sendable {
     /// Every client key this process's servers admit, with the identity it belongs to. Several
     /// keys may name one identity: the old and the new one while a key is being replaced.
     public var clients: [CurveKey: String]
+    /// Whether the key named by its first argument may subscribe to this process's publisher at
+    /// the endpoint given second; by default every known key may.
+    public var mayFollow: @Sendable (_ caller: String, _ publisher: Endpoint) -> Bool = { _, _ in true }
 
     public init(
         identity: String, own: CurveKeyPair, servers: [Endpoint: CurveKey], otherServers: CurveKey? = nil,

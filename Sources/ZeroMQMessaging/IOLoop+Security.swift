@@ -25,14 +25,21 @@ extension IOLoop {
         }
     }
 
+    /// The ZAP domain of a publisher: the handler checks its subscribers against
+    /// ``BusKeys/mayFollow``.
+    static let followDomain = "follow:"
+    /// The ZAP domain of a request server: every known key may connect (each request's rights
+    /// are checked by the service, which knows the request).
+    static let callDomain = "call:"
+
     /// Makes `socket` (a ROUTER or PUB about to bind `endpoint`) a CURVE server with this
     /// process's key pair; its clients are checked by the ZAP handler.
-    func secureServer(_ socket: Socket, at endpoint: Endpoint) throws(ServiceError) {
+    func secureServer(_ socket: Socket, at endpoint: Endpoint, publisher: Bool) throws(ServiceError) {
         guard let keys = configuration.keys, Self.isSecured(endpoint) else { return }
         if let zapFailure { throw zapFailure }
         try socket.set(ZMQ_CURVE_SERVER, Int32(1))
         try socket.set(ZMQ_CURVE_SECRETKEY, text: keys.own.secretKey.z85)
-        try socket.set(ZMQ_ZAP_DOMAIN, text: endpoint.rawValue)
+        try socket.set(ZMQ_ZAP_DOMAIN, text: (publisher ? Self.followDomain : Self.callDomain) + endpoint.rawValue)
     }
 
     /// Makes the next connection of `socket` (a DEALER or SUB) a CURVE client of the server at
@@ -71,8 +78,17 @@ extension IOLoop {
                 let address = String(decoding: request[3], as: UTF8.self)
                 let mechanism = String(decoding: request[5], as: UTF8.self)
                 let key = request.count >= 7 ? CurveKey(bytes: request[6]) : nil
-                let identity = key.flatMap { keys.clients[$0] }
-                if identity == nil { refused(address: address, key: key, mechanism: mechanism, domain: domain) }
+                var identity = key.flatMap { keys.clients[$0] }
+                if let known = identity, domain.hasPrefix(Self.followDomain),
+                    !keys.mayFollow(known, Endpoint(String(domain.dropFirst(Self.followDomain.count))))
+                {
+                    identity = nil
+                    refused(address: address, key: key, domain: domain, why: "the key of \(known) may not follow this publisher")
+                } else if identity == nil {
+                    refused(
+                        address: address, key: key, domain: domain,
+                        why: key == nil ? "it offered no CURVE key (\(mechanism))" : "its key is not in the keys directory")
+                }
                 let reply: [Data] = [
                     version, requestID, Data((identity == nil ? "400" : "200").utf8),
                     Data((identity == nil ? "unknown key" : "OK").utf8), Data((identity ?? "").utf8), Data(),
@@ -86,13 +102,14 @@ extension IOLoop {
     }
 
     /// Logs a refused client once per address and key, and counts every refusal.
-    private func refused(address: String, key: CurveKey?, mechanism: String, domain: String) {
+    private func refused(address: String, key: CurveKey?, domain: String, why: String) {
         queue.count { $0.refusedHandshakes += 1 }
-        let fingerprint = key?.fingerprint ?? "none (\(mechanism))"
-        guard refusedPeers.insert("\(address) \(fingerprint)").inserted else { return }
+        let fingerprint = key?.fingerprint ?? "none"
+        guard refusedPeers.insert("\(address) \(fingerprint) \(domain)").inserted else { return }
         if refusedPeers.count > 10_000 { refusedPeers.removeAll() }
+        let endpoint = domain.drop { $0 != ":" }.dropFirst()
         logger.warning(
-            "Refused a connection to \(domain) from \(address): its key \(fingerprint) is not in the keys directory",
+            "Refused a connection to \(endpoint) from \(address) (key \(fingerprint)): \(why)",
             metadata: ["address": "\(address)", "key": "\(fingerprint)"])
     }
 }

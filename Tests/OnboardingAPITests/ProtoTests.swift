@@ -275,7 +275,7 @@ struct ProtoTests {
     /// Codes a service sends on the wire.
     static let sentCodes: [ErrorCode] = [
         .invalidMessage, .unsupportedVersion, .unknownType, .unexpectedFrames, .messageTooLarge, .overloaded,
-        .internalError, .invalidRequest, .unauthenticated, .invalidUsername, .usernameTaken, .profileExists,
+        .internalError, .invalidRequest, .unauthenticated, .forbidden, .invalidUsername, .usernameTaken, .profileExists,
         .profileNotFound, .imageRejected, .imageNotFound, .storeUnavailable, .dependencyUnavailable,
     ]
     /// Codes a Swift caller's own bus raises; never on the wire, but a client in another

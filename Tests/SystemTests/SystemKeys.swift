@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import Messaging
 import OnboardingTesting
 import ServiceHosting
@@ -19,4 +20,14 @@ func testBusConfiguration(directory: URL, servers: [String: [Endpoint]]) throws 
     configuration.keys = try BusSecurity.makeKeys(
         in: directory.appendingPathComponent("keys").path, andLoad: "test", servers: servers)
     return configuration
+}
+
+/// A bus with the key of `name` (one of the programs') from `directory/keys`: for a test that
+/// needs a right only that program has, such as replaying profile's events as the orchestrator.
+func testBus(as name: String, directory: URL, servers: [String: [Endpoint]]) throws -> ZeroMQBus {
+    var configuration = ZeroMQBus.Configuration()
+    configuration.keys = try BusKeys.load(from: directory.appendingPathComponent("keys").path, identity: name, servers: servers)
+    var logger = Logger(label: "test-as-\(name)")
+    logger.logLevel = .warning
+    return ZeroMQBus(source: "test-as-\(name)", logger: logger, configuration: configuration)
 }

@@ -133,7 +133,59 @@ struct ZeroMQSystemTests {
     func badInput() async throws {
         try await RunningSystem.run { bus, system in
             let token = try ServiceTokenFile(directory: system.directory.path).readOrCreate()
-            try await runBadInput(bus: bus, endpoints: system.endpoints, serviceToken: token)
+            try await runBadInput(bus: bus, endpoints: system.endpoints, serviceToken: token, serviceRefusal: .forbidden)
+        }
+    }
+
+    @Test("over CURVE, rights go by key: an operator's key is refused what only the orchestrator may do, whatever token it carries")
+    func rightsPerKey() async throws {
+        try await RunningSystem.run { bus, system in
+            let token = try ServiceTokenFile(directory: system.directory.path).readOrCreate()
+            let e = system.endpoints
+            // The test's key ("test") is an operator's: it may read the orchestrator's record...
+            let page = try await bus.call(
+                EventsAfter(sequence: 0, limit: 1), to: e.orchestratorRPC, source: "test", serviceToken: token)
+            #expect(page.events.count <= 1)
+            // ...but not write a profile, upload an image or replay auth's events, token or not.
+            func expectForbidden(_ name: String, _ call: () async throws -> Void) async {
+                do {
+                    try await call()
+                    Issue.record("\(name) was allowed")
+                } catch let error as ServiceError {
+                    #expect(error.code == .forbidden, "\(name): \(error)")
+                    #expect(error.reason == "test", "\(name)")
+                } catch {
+                    Issue.record("\(name): \(error)")
+                }
+            }
+            await expectForbidden("profile.create") {
+                _ = try await bus.call(CreateProfile(username: "rights"), to: e.profileRPC, source: "test", uid: "u1", serviceToken: token)
+            }
+            await expectForbidden("image.deleteAll") {
+                _ = try await bus.call(DeleteAllImages(), to: e.imageRPC, source: "test", uid: "u1", serviceToken: token)
+            }
+            await expectForbidden("auth's events.after") {
+                _ = try await bus.call(EventsAfter(sequence: 0, limit: 1), to: e.authRPC, source: "test", serviceToken: token)
+            }
+            // The orchestrator's own key may replay auth's events.
+            var orchestrator = ZeroMQBus.Configuration()
+            orchestrator.keys = try BusKeys.load(
+                from: system.directory.appendingPathComponent("keys").path, identity: "orchestrator", servers: e.servers)
+            let asOrchestrator = ZeroMQBus(source: "rights-test", logger: Logger(label: "rights-test"), configuration: orchestrator)
+            let replay = try await asOrchestrator.call(EventsAfter(sequence: 0, limit: 1), to: e.authRPC, source: "test")
+            #expect(replay.lastSequence >= 0)
+            await asOrchestrator.shutdown()
+            // Following auth's events is the orchestrator's alone: the test's key is turned away.
+            let before = try await bus.call(HealthCheck(), to: e.authRPC, source: "test").statistics.refusedHandshakes
+            let events = try await bus.subscribe(to: [e.authEvents], topics: [""], limits: MessageLimits())
+            // Polled: a refused handshake has nothing to wait on but auth's count of them.
+            var refused = before
+            for _ in 0..<200 where refused == before {
+                refused = try await bus.call(HealthCheck(), to: e.authRPC, source: "test").statistics.refusedHandshakes
+                if refused == before { try await Task.sleep(for: .milliseconds(20)) }
+            }
+            #expect(refused > before, "auth refused the subscription of a key that may not follow it")
+            _ = events
         }
     }
 
