@@ -20,6 +20,9 @@ public struct BusKeys: Sendable {
     /// Every client key this process's servers admit, with the identity it belongs to. Several
     /// keys may name one identity: the old and the new one while a key is being replaced.
     public var clients: [CurveKey: String]
+    /// The keys directory ``clients`` were read from: the bus reads it again when it changes, so
+    /// that a key added (a replacement) or removed takes effect without a restart. `nil`: never.
+    public var directory: String?
     /// Whether the key named by its first argument may subscribe to this process's publisher at
     /// the endpoint given second; by default every known key may.
     public var mayFollow: @Sendable (_ caller: String, _ publisher: Endpoint) -> Bool = { _, _ in true }
@@ -66,6 +69,13 @@ public struct BusKeys: Sendable {
             let key = server == identity ? own.publicKey : try CurveKeyFile.readPublic(CurveKeyFile.publicPath(server, in: directory))
             for endpoint in endpoints { serverKeys[endpoint] = key }
         }
+        var keys = BusKeys(identity: identity, own: own, servers: serverKeys, clients: try clients(in: directory))
+        keys.directory = directory
+        return keys
+    }
+
+    /// Every public key file in `directory` (`NAME.key`, `NAME+LABEL.key`), by key.
+    public static func clients(in directory: String) throws(CurveKeyError) -> [CurveKey: String] {
         let names: [String]
         do {
             names = try FileManager.default.contentsOfDirectory(atPath: directory)
@@ -77,6 +87,6 @@ public struct BusKeys: Sendable {
             guard let client = Self.identity(ofKeyFile: name) else { continue }
             clients[try CurveKeyFile.readPublic("\(directory)/\(name)")] = client
         }
-        return BusKeys(identity: identity, own: own, servers: serverKeys, clients: clients)
+        return clients
     }
 }

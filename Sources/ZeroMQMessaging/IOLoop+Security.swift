@@ -17,7 +17,9 @@ extension IOLoop {
 
     /// Binds the ZAP handler's socket, before any server socket exists. Called once, at start.
     func startZAPHandler() throws(ServiceError) -> Socket? {
-        guard configuration.keys != nil else { return nil }
+        guard let keys = configuration.keys else { return nil }
+        admitted = keys.clients
+        keysStamp = keys.directory.flatMap(Self.modificationTime)
         return try openSocket(ZMQ_REP) { socket throws(ServiceError) in
             guard zmq_bind(socket.handle, Self.zapEndpoint) == 0 else {
                 throw ServiceError(.internalError, "Cannot start the ZAP handler: \(zmqErrorText(zmq_errno())).")
@@ -78,7 +80,8 @@ extension IOLoop {
                 let address = String(decoding: request[3], as: UTF8.self)
                 let mechanism = String(decoding: request[5], as: UTF8.self)
                 let key = request.count >= 7 ? CurveKey(bytes: request[6]) : nil
-                var identity = key.flatMap { keys.clients[$0] }
+                refreshAdmittedKeys()
+                var identity = key.flatMap { admitted[$0] }
                 if let known = identity, domain.hasPrefix(Self.followDomain),
                     !keys.mayFollow(known, Endpoint(String(domain.dropFirst(Self.followDomain.count))))
                 {
@@ -96,9 +99,37 @@ extension IOLoop {
                 for (index, frame) in reply.enumerated() {
                     _ = socket.send(frame, more: index < reply.count - 1)
                 }
+                // A send may take the notification of the next request: ask the socket again
+                // before the loop waits.
+                touched(.zap)
             }
         }
         return true
+    }
+
+    /// Reads the keys directory's public keys again when the directory has changed since they
+    /// were read: a key added or removed there (a replacement during a rollover) is admitted or
+    /// refused from the next handshake on, without a restart. A directory that cannot be read
+    /// keeps the keys read before, and says so.
+    private func refreshAdmittedKeys() {
+        guard let directory = configuration.keys?.directory, let stamp = Self.modificationTime(directory) else { return }
+        if let keysStamp, keysStamp.tv_sec == stamp.tv_sec, keysStamp.tv_nsec == stamp.tv_nsec { return }
+        do {
+            let clients = try BusKeys.clients(in: directory)
+            let (added, removed) = (Set(clients.keys).subtracting(admitted.keys).count, Set(admitted.keys).subtracting(clients.keys).count)
+            admitted = clients
+            keysStamp = stamp
+            logger.notice("The keys directory changed: \(added) key(s) added, \(removed) removed", metadata: ["directory": "\(directory)"])
+        } catch {
+            logger.error("The keys directory changed but cannot be read (\(error)); the keys read before still hold")
+        }
+    }
+
+    /// When `path` last changed (`st_mtim`), or `nil` when it cannot be looked at.
+    static func modificationTime(_ path: String) -> timespec? {
+        var status = stat()
+        guard stat(path, &status) == 0 else { return nil }
+        return status.st_mtim
     }
 
     /// Logs a refused client once per address and key, and counts every refusal.

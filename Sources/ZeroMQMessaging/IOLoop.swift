@@ -60,6 +60,10 @@ final class IOLoop: @unchecked Sendable {
     var zapFailure: ServiceError?
     /// Refused peers already logged ("address fingerprint").
     var refusedPeers: Set<String> = []
+    /// The client keys the ZAP handler admits: ``BusKeys/clients``, read again when the keys
+    /// directory changes (its modification time, as of `keysStamp`).
+    var admitted: [CurveKey: String] = [:]
+    var keysStamp: timespec?
 
     /// Reused for every received frame.
     let scratch: UnsafeMutablePointer<zmq_msg_t>

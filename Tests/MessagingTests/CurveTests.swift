@@ -157,6 +157,50 @@ struct CurveTests {
         await squatter.shutdown()
     }
 
+    @Test("a key added to the server's keys directory is admitted without a restart; one removed is refused")
+    func rollover() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("curve-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try CurveKeyFile.write(try CurveKeyPair.generate(), name: "server", in: directory)
+        var configuration = ZeroMQBus.Configuration()
+        configuration.keys = try BusKeys.load(from: directory, identity: "server", servers: [:])
+        let server = ZeroMQBus(source: "server", logger: Self.quiet, configuration: configuration)
+        let serverKeys = try CurveKeyFile.readPair(CurveKeyFile.secretPath("server", in: directory))
+        let callers = Mutex<[String?]>([])
+        let (endpoint, registration) = try await bindRetrying { endpoint in
+            try await server.serve(at: endpoint, limits: MessageLimits(), onLoop: { batch in
+                for raw in batch {
+                    callers.withLock { $0.append(raw.caller) }
+                    raw.reply(OutgoingMessage(body: raw.body))
+                }
+            })
+        }
+        // The new key, not yet in the directory: refused.
+        let next = try CurveKeyPair.generate()
+        let early = bus("client+next", own: next, server: serverKeys)
+        #expect(await serviceError { try await early.request(try echoRequest("too soon"), to: endpoint, timeout: .seconds(2)) }?.code == .noResponder)
+        await early.shutdown()
+        // Its public key copied into the directory: admitted by the running server.
+        let publicOnly = "\(directory)/staging"
+        try FileManager.default.createDirectory(atPath: publicOnly, withIntermediateDirectories: true)
+        try CurveKeyFile.write(next, name: "client+next", in: publicOnly)
+        try FileManager.default.moveItem(
+            atPath: CurveKeyFile.publicPath("client+next", in: publicOnly), toPath: CurveKeyFile.publicPath("client+next", in: directory))
+        let late = bus("client+next", own: next, server: serverKeys)
+        let reply = try await late.request(try echoRequest("now"), to: endpoint, timeout: .seconds(5))
+        #expect(try reply.payload(as: Echo.self).text == "now")
+        #expect(callers.withLock { $0 } == ["client"], "the request names its key's identity: the file's name before '+'")
+        await late.shutdown()
+        // Removed again: the next connection is refused.
+        try FileManager.default.removeItem(atPath: CurveKeyFile.publicPath("client+next", in: directory))
+        let gone = bus("client+next", own: next, server: serverKeys)
+        #expect(await serviceError { try await gone.request(try echoRequest("again"), to: endpoint, timeout: .seconds(2)) }?.code == .noResponder)
+        await gone.shutdown()
+        registration.close()
+        await server.shutdown()
+    }
+
     @Test("a bus refuses to connect to a server whose public key it does not have")
     func unknownServer() async throws {
         var configuration = ZeroMQBus.Configuration()
