@@ -261,7 +261,10 @@ let package = Package(
         .target(
             name: "ClientCommands",
             dependencies: [
+                "Messaging",
+                "OnboardingAPI",
                 "OnboardingClient",
+                "OnboardingSettings",
                 "ZeroMQMessaging",
                 "ServiceHosting",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -295,7 +298,9 @@ let package = Package(
             name: "ChaosTest",
             dependencies: [
                 "ClientCommands",
+                "Messaging",
                 "OnboardingAPI",
+                "OnboardingSettings",
                 "ZeroMQMessaging",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -315,6 +320,9 @@ let package = Package(
             name: "OnboardingBench",
             dependencies: [
                 "CZeroMQ",
+                "Messaging",
+                "ZeroMQMessaging",
+                "OnboardingSettings",
                 "ClientCommands",
                 "OnboardingAPI",
                 "ServiceRuntime",
