@@ -30,6 +30,7 @@ let package = Package(
         .executable(name: "onboarding-orchestrator", targets: ["onboarding-orchestrator"]),
         .executable(name: "onboarding-tap", targets: ["onboarding-tap"]),
         .executable(name: "onboarding-client", targets: ["onboarding-client"]),
+        .executable(name: "onboarding-keys", targets: ["onboarding-keys"]),
         .executable(name: "onboarding-chaos", targets: ["onboarding-chaos"]),
         .executable(name: "onboarding-bench", targets: ["onboarding-bench"]),
         .executable(name: "onboarding-bench-parts", targets: ["onboarding-bench-parts"]),
@@ -141,6 +142,7 @@ let package = Package(
             name: "ServiceHosting",
             dependencies: [
                 "Messaging",
+                "OnboardingAPI",
                 "ZeroMQMessaging",
                 "OnboardingSettings",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -260,8 +262,12 @@ let package = Package(
         .target(
             name: "ClientCommands",
             dependencies: [
+                "Messaging",
+                "OnboardingAPI",
                 "OnboardingClient",
+                "OnboardingSettings",
                 "ZeroMQMessaging",
+                "ServiceHosting",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -269,6 +275,7 @@ let package = Package(
         ),
         .executableTarget(name: "onboarding-tap", dependencies: ["ClientCommands"]),
         .executableTarget(name: "onboarding-client", dependencies: ["ClientCommands"]),
+        .executableTarget(name: "onboarding-keys", dependencies: ["ClientCommands"]),
 
         // MARK: The test kit (the whole system in one call, stand-in services; Examples/StubTesting uses it)
 
@@ -292,7 +299,9 @@ let package = Package(
             name: "ChaosTest",
             dependencies: [
                 "ClientCommands",
+                "Messaging",
                 "OnboardingAPI",
+                "OnboardingSettings",
                 "ZeroMQMessaging",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -312,6 +321,9 @@ let package = Package(
             name: "OnboardingBench",
             dependencies: [
                 "CZeroMQ",
+                "Messaging",
+                "ZeroMQMessaging",
+                "OnboardingSettings",
                 "ClientCommands",
                 "OnboardingAPI",
                 "ServiceRuntime",
@@ -344,7 +356,7 @@ let package = Package(
             name: "GatewayTests",
             dependencies: [
                 "OnboardingGateway", "AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator",
-                "ImageFixtures", "ZeroMQMessaging",
+                "ImageFixtures", "ZeroMQMessaging", "ServiceHosting",
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
@@ -359,7 +371,7 @@ let package = Package(
             dependencies: [
                 "OnboardingClient", "AuthService", "ProfileService", "ImageUploadService",
                 "OnboardingOrchestrator", "ZeroMQMessaging", "FuzzKit", "ImageFixtures", "OnboardingTesting",
-                "FakeIdentityProvider",
+                "FakeIdentityProvider", "ServiceHosting",
             ]
         ),
 

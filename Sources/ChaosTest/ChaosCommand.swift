@@ -165,7 +165,7 @@ public struct ChaosCommand: AsyncParsableCommand {
         }
         let token = try await Blocking.run { try? settings.serviceToken(create: false) } ?? nil
         var seedGenerator = SystemRandomNumberGenerator()
-        return ChaosConfiguration(
+        var configuration = ChaosConfiguration(
             people: people, concurrency: concurrency,
             faults: FaultCounts(
                 killsPerService: kills, hangsPerService: hangs, hangMilliseconds: hangMinMs...hangMaxMs,
@@ -184,5 +184,7 @@ public struct ChaosCommand: AsyncParsableCommand {
             serviceToken: token?.isEmpty == false ? token : nil,
             requestTimeout: .milliseconds(timeoutMs), personTimeout: .seconds(personTimeout),
             settleTimeout: .seconds(settleTimeout), recoveryTimeout: .seconds(recoveryTimeout), image: imageBytes)
+        configuration.bus = try self.endpoints.busConfiguration(for: .chaos, more: [.dataDir: dataDir])
+        return configuration
     }
 }

@@ -30,6 +30,8 @@ public struct ChaosConfiguration: Sendable {
     public var recoveryTimeout: Duration
     /// The image every set-up with an image sends; `nil`: a generated PNG of each person's own.
     public var image: Data?
+    /// The chaos tool's own bus: its CURVE keys among others.
+    public var bus = ZeroMQBus.Configuration()
 
     public init(
         people: Int, concurrency: Int, faults: FaultCounts, seed: UInt64, shares: RunPlan.Shares = .init(),
@@ -124,7 +126,7 @@ public struct ChaosRun: Sendable {
     public func run() async throws -> ChaosSummary {
         var logger = Logger(label: "onboarding-chaos")
         logger.logLevel = .warning
-        let bus = ZeroMQBus(source: "onboarding-chaos", logger: logger)
+        let bus = ZeroMQBus(source: "onboarding-chaos", logger: logger, configuration: configuration.bus)
         do {
             let summary = try await run(on: bus)
             await bus.shutdown()

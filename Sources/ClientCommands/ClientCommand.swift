@@ -39,7 +39,8 @@ struct ClientOptions: ParsableArguments {
         bootstrapToolLogging()
         let session = sessionFile.load()
         let configuration = endpoints.clientConfiguration(calls)
-        return try await withBus(name: configuration.name) { bus in
+        let bus = try endpoints.busConfiguration(for: .client)
+        return try await withBus(name: configuration.name, configuration: bus) { bus in
             try await body(OnboardingClient(bus: bus, configuration: configuration, session: session))
         }
     }
@@ -232,7 +233,7 @@ struct HealthCommand: AsyncParsableCommand {
         bootstrapToolLogging()
         let services = endpoints.services
         let timeout = Duration.milliseconds(timeoutMs)
-        let down: [String] = try await withBus(name: "onboarding-client") { bus in
+        let down: [String] = try await withBus(name: "onboarding-client", configuration: try endpoints.busConfiguration(for: .client)) { bus in
             // One deadline for all services: an attempt may start until `wait` is over, and
             // gets its full timeout. With no time left, each service is asked once.
             let deadline = ContinuousClock.now.advanced(by: .seconds(wait))

@@ -5,6 +5,7 @@ import Messaging
 import OnboardingAPI
 import OnboardingClient
 import OnboardingSettings
+import ServiceHosting
 import ZeroMQMessaging
 
 /// Where the services are, for the command-line tools: each a flag, with its environment
@@ -20,13 +21,32 @@ public struct EndpointOptions: ParsableArguments {
     var orchestratorRpc: String?
     @Option(help: ArgumentHelp(Setting.routes.helpLine))
     var routes: String?
+    @Option(help: ArgumentHelp(Setting.keysDir.helpLine))
+    var keysDir: String?
+    @Option(help: ArgumentHelp(Setting.keyName.helpLine))
+    var keyName: String?
 
     public init() {}
 
     /// The flags given, by setting.
     var flags: [Setting: String] {
-        [Setting.authRPC: authRpc, .profileRPC: profileRpc, .imageRPC: imageRpc, .orchestratorRPC: orchestratorRpc, .routes: routes]
-            .compactMapValues { $0 }
+        [
+            Setting.authRPC: authRpc, .profileRPC: profileRpc, .imageRPC: imageRpc, .orchestratorRPC: orchestratorRpc,
+            .routes: routes, .keysDir: keysDir, .keyName: keyName,
+        ].compactMapValues { $0 }
+    }
+
+    /// The bus configuration of `program`: its CURVE keys, as the flags (these and `more`, such
+    /// as the tool's `--data-dir`) and the environment say.
+    public func busConfiguration(for program: Program, more: [Setting: String?] = [:]) throws -> ZeroMQBus.Configuration {
+        do {
+            let settings = Settings(flags: flags.merging(more.compactMapValues { $0 }) { mine, _ in mine })
+            return try BusSecurity.busConfiguration(for: program, settings: settings)
+        } catch let error as SettingError {
+            // One line, without the usage text a ValidationError would add: nothing was misused.
+            FileHandle.standardError.write(Data("\(program.rawValue): \(error)\n".utf8))
+            throw ExitCode(2)
+        }
     }
 
     /// Checks every endpoint before the command runs, so the getters below cannot fail.
@@ -74,10 +94,12 @@ struct CallOptions: ParsableArguments {
 
 /// Runs `body` with a ZeroMQ bus, shutting the bus down afterwards; a ``ServiceError`` is
 /// printed with its code and a hint, and the command exits with status 1.
-func withBus<T: Sendable>(name: String, _ body: (ZeroMQBus) async throws -> T) async throws -> T {
+func withBus<T: Sendable>(
+    name: String, configuration: ZeroMQBus.Configuration, _ body: (ZeroMQBus) async throws -> T
+) async throws -> T {
     var logger = Logger(label: name)
     logger.logLevel = .warning
-    let bus = ZeroMQBus(source: name, logger: logger)
+    let bus = ZeroMQBus(source: name, logger: logger, configuration: configuration)
     do {
         let value = try await body(bus)
         await bus.shutdown()

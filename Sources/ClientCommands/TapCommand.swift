@@ -42,7 +42,7 @@ public struct TapCommand: AsyncParsableCommand {
     public func run() async throws {
         bootstrapToolLogging()
         let logger = Logger(label: "onboarding-tap")
-        let bus = ZeroMQBus(source: "onboarding-tap", logger: logger)
+        let bus = ZeroMQBus(source: "onboarding-tap", logger: logger, configuration: try endpoints.busConfiguration(for: .tap, more: [.dataDir: dataDir]))
         let useColor = color == .always || (color == .auto && Terminal.standardOutputIsTerminal)
         var token: String?
         if current {

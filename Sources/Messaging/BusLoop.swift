@@ -23,11 +23,16 @@ public struct RawRequest: Sendable {
     public let body: Data
     /// The binary frame after the envelope, if there was one.
     public let attachment: Data?
+    /// The name of the caller's key, as the bus authenticated it (see ``Message/caller``).
+    public let caller: String?
     private let responder: @Sendable (OutgoingMessage) -> Void
 
-    public init(body: Data, attachment: Data?, responder: @escaping @Sendable (OutgoingMessage) -> Void) {
+    public init(
+        body: Data, attachment: Data?, caller: String? = nil, responder: @escaping @Sendable (OutgoingMessage) -> Void
+    ) {
         self.body = body
         self.attachment = attachment
+        self.caller = caller
         self.responder = responder
     }
 
@@ -40,7 +45,9 @@ public struct RawRequest: Sendable {
 
     /// The same request once its envelope has been read.
     public func incoming(_ message: Message) -> IncomingRequest {
-        IncomingRequest(message: message, responder: responder)
+        var message = message
+        message.caller = caller
+        return IncomingRequest(message: message, responder: responder)
     }
 }
 

@@ -72,6 +72,9 @@ public struct Message: Sendable {
     public var body: Data
     /// The binary frame after the envelope, if there was one.
     public var attachment: Data?
+    /// Who sent it, as the bus authenticated it: the name of the caller's key (CURVE). `nil` on
+    /// a bus without keys, and on the in-process bus.
+    public var caller: String?
     /// The payload, when it was read with the header (see ``EnvelopeReader``): ``payload(as:)``
     /// then returns it without reading the JSON again.
     var preread: (any Sendable)?

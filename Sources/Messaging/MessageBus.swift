@@ -170,6 +170,8 @@ public struct BusStatistics: Sendable, Hashable, Codable {
     public var rejectedRequests: Int = 0
     /// Replies that arrived after their caller had given up.
     public var lateReplies: Int = 0
+    /// Connections refused because the client's CURVE key is not known (or it offered none).
+    public var refusedHandshakes: Int = 0
 
     public init() {}
 }

@@ -7,6 +7,9 @@ extension ErrorCode {
     /// The session token is missing, unknown, or belongs to a signed-out or withdrawn account.
     /// Sign in again.
     public static let unauthenticated: ErrorCode = "unauthenticated"
+    /// The caller's key (CURVE) has no right to this request; `reason` names the key. Only our
+    /// own programs meet it: see the README's rights table.
+    public static let forbidden: ErrorCode = "forbidden"
     /// The username breaks a format rule; `reason` is `empty`, `tooShort`, `tooLong` or
     /// `invalidCharacters`.
     public static let invalidUsername: ErrorCode = "invalidUsername"

@@ -132,7 +132,8 @@ public struct BenchCommand: ParsableCommand {
         let dataDirectory = Settings(flags: [Setting.dataDir: dataDir].compactMapValues { $0 }).dataDirectory
         let settings = BenchSettings(
             scenario: scenario, authRPC: endpoints.authRPC.rawValue, orchestratorRPC: endpoints.orchestratorRPC.rawValue,
-            routes: endpoints.routesEndpoint.rawValue, runDirectory: runDir ?? "\(dataDirectory)/run", prepWindow: prepWindow,
+            routes: endpoints.routesEndpoint.rawValue,
+            keys: try endpoints.busConfiguration(for: .bench, more: [.dataDir: dataDir]).keys, runDirectory: runDir ?? "\(dataDirectory)/run", prepWindow: prepWindow,
             quietSeconds: quietSeconds, drainTimeout: drainTimeout)
         let run = BenchRun(settings: settings, progress: Self.progress)
         if CPUProbe.services.contains(where: { run.probe.pid(of: $0) == nil }) {

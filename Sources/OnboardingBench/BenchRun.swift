@@ -1,5 +1,6 @@
 import CZeroMQ
 import Foundation
+import ZeroMQMessaging
 
 /// What is timed.
 enum Scenario: String, CaseIterable, Sendable, Codable {
@@ -48,6 +49,8 @@ struct BenchSettings: Sendable {
     var authRPC: String
     var orchestratorRPC: String
     var routes: String
+    /// CURVE keys (`nil`: plain sockets).
+    var keys: BusKeys?
     var runDirectory: String?
     /// Sign-ins in flight at once while preparing people (closed loop, not timed).
     var prepWindow = 64
@@ -73,7 +76,7 @@ final class BenchRun {
         self.settings = settings
         self.progress = progress
         probe = CPUProbe(runDirectory: settings.runDirectory)
-        receiver = IntentReceiver(endpoint: settings.routes)
+        receiver = IntentReceiver(endpoint: settings.routes, keys: settings.keys)
     }
 
     func start() throws {
@@ -121,7 +124,7 @@ final class BenchRun {
         defer { socket.close() }
         socket.set(ZMQ_SNDHWM, 0)
         socket.set(ZMQ_RCVHWM, 0)
-        try socket.connect(settings.authRPC)
+        try socket.connect(settings.authRPC, keys: settings.keys)
         var template = factory.signIn()
         let receiver = MultipartReceiver()
         var people = [Person?](repeating: nil, count: count)
@@ -199,7 +202,7 @@ final class BenchRun {
         let configuration = TimedSender.Configuration(
             endpoint: scenario == .signIn ? settings.authRPC : settings.orchestratorRPC,
             firstNumber: nextNumber, count: count, interval: 1e9 / rate,
-            recordUIDs: scenario == .signIn, health: factory.health())
+            recordUIDs: scenario == .signIn, health: factory.health(), keys: settings.keys)
         nextNumber += UInt64(count)
         let sender = TimedSender(configuration, templates: templates)
         sender.prepare()

@@ -1,5 +1,6 @@
 import CZeroMQ
 import Foundation
+import ZeroMQMessaging
 import Synchronization
 
 /// One route intent as it arrived: whose, which, and when (monotonic nanoseconds, read as soon
@@ -29,8 +30,11 @@ final class IntentReceiver: Sendable {
     private let context = ZMQContext()
     let endpoint: String
 
-    init(endpoint: String) {
+    let keys: BusKeys?
+
+    init(endpoint: String, keys: BusKeys?) {
         self.endpoint = endpoint
+        self.keys = keys
     }
 
     /// Starts the thread and returns once its socket has connected and subscribed (which does
@@ -76,7 +80,7 @@ final class IntentReceiver: Sendable {
             socket.set(ZMQ_RCVHWM, 0)
             socket.set(ZMQ_RCVTIMEO, 100)
             socket.subscribe("route.")
-            try socket.connect(endpoint)
+            try socket.connect(endpoint, keys: keys)
         } catch {
             state.withLock { $0.failure = "cannot subscribe to \(endpoint): \(error)" }
             ready.signal()

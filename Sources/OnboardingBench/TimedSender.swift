@@ -1,5 +1,6 @@
 import CZeroMQ
 import Foundation
+import ZeroMQMessaging
 import Histogram
 import Synchronization
 
@@ -62,6 +63,7 @@ final class TimedSender: @unchecked Sendable {
         /// reply tells).
         var recordUIDs: Bool
         var health: MessageTemplate
+        var keys: BusKeys?
     }
 
     enum ReplyState: UInt8 { case none, success, error }
@@ -140,7 +142,7 @@ final class TimedSender: @unchecked Sendable {
             socket = try ZMQSocket(context, type: ZMQ_DEALER)
             socket.set(ZMQ_SNDHWM, 0)
             socket.set(ZMQ_RCVHWM, 0)
-            try socket.connect(configuration.endpoint)
+            try socket.connect(configuration.endpoint, keys: configuration.keys)
         } catch {
             failure = "\(error)"
             ready.signal()

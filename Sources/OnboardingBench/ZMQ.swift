@@ -1,5 +1,7 @@
 import CZeroMQ
 import Foundation
+import Messaging
+import ZeroMQMessaging
 
 /// A thin layer over libzmq for the load generator: no queues, no tasks, no copies beyond
 /// libzmq's own. Every socket is created, used and closed by one thread.
@@ -41,7 +43,20 @@ struct ZMQSocket {
         _ = zmq_setsockopt(handle, option, &value, MemoryLayout<Int32>.size)
     }
 
-    func connect(_ endpoint: String) throws(ZMQError) {
+    /// Connects to `endpoint`; with `keys`, as a CURVE client of the server whose key they name
+    /// (as the services' bus does).
+    func connect(_ endpoint: String, keys: BusKeys?) throws(ZMQError) {
+        if let keys, !endpoint.hasPrefix("inproc://") {
+            guard let server = keys.serverKey(for: Endpoint(endpoint)) else {
+                throw ZMQError(what: "no CURVE public key is known for \(endpoint)", code: EINVAL)
+            }
+            for (option, key) in [(ZMQ_CURVE_SERVERKEY, server), (ZMQ_CURVE_PUBLICKEY, keys.own.publicKey), (ZMQ_CURVE_SECRETKEY, keys.own.secretKey)] {
+                var text = Array(key.z85.utf8)
+                guard zmq_setsockopt(handle, option, &text, text.count) == 0 else {
+                    throw ZMQError(what: "setting CURVE keys for \(endpoint)", code: zmq_errno())
+                }
+            }
+        }
         guard zmq_connect(handle, endpoint) == 0 else { throw ZMQError(what: "zmq_connect \(endpoint)", code: zmq_errno()) }
     }
 

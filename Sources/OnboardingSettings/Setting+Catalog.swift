@@ -40,7 +40,7 @@ extension Setting {
     public static let dataDir = Setting(
         "dataDir", .path, default: .value(".data"),
         "where databases, images and the service token are kept (compose: <repo>/.data)",
-        group: .storage, programs: Program.servers.union([.tap, .chaos, .bench]))
+        group: .storage, programs: Set(Program.allCases))
     public static let authDatabase = Setting(
         "auth.database", .path, default: .derived("<data-dir>/auth.sqlite"),
         "auth's SQLite database", group: .storage, programs: [.auth, .chaos])
@@ -214,6 +214,21 @@ extension Setting {
         "seconds a connection may sit idle, no request being read or answered, before the gateway closes it (an open intent stream is never idle)",
         group: .gateway, programs: [.gateway])
 
+    // MARK: The bus's keys
+
+    public static let curve = Setting(
+        "curve", .toggle, default: .value("true"),
+        "encrypt the bus and admit only known keys (CURVE); false only on one trusted machine",
+        group: .bus, programs: Set(Program.allCases))
+    public static let keysDir = Setting(
+        "keysDir", .path, default: .derived("<data-dir>/keys"),
+        "the bus's key pairs and public keys (`onboarding-keys make` makes them)",
+        group: .bus, programs: Set(Program.allCases))
+    public static let keyName = Setting(
+        "keyName", .text, default: .derived("the program's: auth, profile, image-upload, orchestrator, gateway, tap, …"),
+        "whose key pair this process uses: NAME.key_secret in the keys directory", group: .bus,
+        programs: Set(Program.allCases))
+
     // MARK: Command-line tools
 
     public static let clientState = Setting(
@@ -233,6 +248,7 @@ extension Setting {
         kakaoAdminKey, kakaoUnlinkURL, naverClientSecret, naverUnlinkClientID, naverTokenURL, googleUnlink, googleRevokeURL,
         gatewayTrustedProxies, gatewaySignInsPerMinute, gatewayUsernameChecksPerSecond, gatewayHeartbeatSeconds,
         gatewayIdleTimeoutSeconds,
+        curve, keysDir, keyName,
         clientState,
     ]
 }

@@ -62,6 +62,7 @@ public struct Setting: Sendable, Hashable, CustomStringConvertible {
         case identity = "Identity providers (auth outside dev mode)"
         case unlinking = "Unlinking at the provider on withdrawal (auth)"
         case gateway = "HTTP gateway"
+        case bus = "The bus's keys (CURVE)"
         case tools = "Command-line tools"
     }
 

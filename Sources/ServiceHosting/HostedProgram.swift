@@ -94,7 +94,8 @@ public struct HostCommand<Hosted: HostedProgram>: AsyncParsableCommand {
         Hosting.bootstrapLogging(level: level)
         let logger = Logger(label: Hosted.name)
         do {
-            try await Hosting.run(name: Hosted.name, settings: settings, logger: logger) { bus in
+            let bus = try BusSecurity.busConfiguration(for: Hosted.program, settings: settings)
+            try await Hosting.run(name: Hosted.name, settings: settings, logger: logger, bus: bus) { bus in
                 try await Hosted.services(Host(settings: settings, bus: bus, logger: logger))
             }
         } catch let error as SettingError {
@@ -128,10 +129,10 @@ public enum Hosting {
     ///
     /// The bus is shut down last, after every service has finished what it had in flight.
     public static func run(
-        name: String, settings: Settings, logger: Logger,
+        name: String, settings: Settings, logger: Logger, bus configuration: ZeroMQBus.Configuration,
         makeServices: (ZeroMQBus) async throws -> [any Service]
     ) async throws {
-        let bus = ZeroMQBus(source: name, logger: logger)
+        let bus = ZeroMQBus(source: name, logger: logger, configuration: configuration)
         var services: [any Service]
         do {
             services = try await makeServices(bus)

@@ -190,7 +190,8 @@ extension RequestDispatcher {
                 raw.reply(Message.errorReply(error, correlationId: Message.requestID(in: raw.body), source: source))
                 continue
             }
-            let message = Message(read: read, body: raw.body, attachment: raw.attachment)
+            var message = Message(read: read, body: raw.body, attachment: raw.attachment)
+            message.caller = raw.caller
             if let refusing {
                 raw.reply(message.errorReply(refusing, source: source))
                 continue
@@ -201,12 +202,13 @@ extension RequestDispatcher {
             }
             do throws(ServiceError) {
                 try route.attachment.check(raw.attachment, type: read.header.type)
-                if needsSession(read.header, route.access) {
+                if needsSession(read.header, caller: raw.caller, route.access) {
                     try verifyThenRun(raw: raw, route: route, payload: payload, message: message)
                     continue
                 }
                 let access: Access = route.access == .sessionOrService ? .service : route.access
-                let uid = try Self.resolveWithoutSession(header: read.header, access: access, serviceToken: serviceToken)
+                let uid = try Self.resolveWithoutSession(
+                    header: read.header, caller: raw.caller, access: access, serviceToken: serviceToken, server: source)
                 jobs.append(LoopJob(raw: raw, route: route, payload: payload, context: RequestContext(message: message, uid: uid)))
             } catch {
                 raw.reply(message.errorReply(error, source: source))
@@ -262,10 +264,11 @@ extension RequestDispatcher {
 
     /// Whether the request's person is known only from its session: a ``Access/session``
     /// request, or a ``Access/sessionOrService`` one from an app (as ``resolveUID`` decides).
-    private func needsSession(_ header: EnvelopeHeader, _ access: Access) -> Bool {
+    private func needsSession(_ header: EnvelopeHeader, caller: String?, _ access: Access) -> Bool {
         switch access {
         case .session: return true
-        case .sessionOrService: return header.sessionToken != nil || (serviceToken != nil && header.serviceToken == nil)
+        case .sessionOrService:
+            return header.sessionToken != nil || (caller == nil && serviceToken != nil && header.serviceToken == nil)
         default: return false
         }
     }

@@ -120,7 +120,7 @@ public struct RequestDispatcher: Sendable {
                 try attachment.check(message.attachment, type: Request.type)
                 let request = try message.payload(as: Request.self)
                 let uid = try await Self.resolveUID(
-                    message: message, access: access, sessions: sessions, serviceToken: serviceToken)
+                    message: message, access: access, sessions: sessions, serviceToken: serviceToken, server: source)
                 let response = try await handler(request, RequestContext(message: message, uid: uid))
                 incoming.reply(type: Request.replyType, source: source, payload: response, uid: replyUID?(response) ?? uid)
             } catch let error as ServiceError {
@@ -133,7 +133,7 @@ public struct RequestDispatcher: Sendable {
     }
 
     private static func resolveUID(
-        message: Message, access: Access, sessions: (any SessionVerifier)?, serviceToken: String?
+        message: Message, access: Access, sessions: (any SessionVerifier)?, serviceToken: String?, server: String
     ) async throws -> String? {
         func presentToken() throws -> String {
             guard let token = message.header.sessionToken, !token.isEmpty else {
@@ -150,12 +150,14 @@ public struct RequestDispatcher: Sendable {
         }
         switch access {
         case .open, .service, .serviceWithoutUID:
-            return try resolveWithoutSession(header: message.header, access: access, serviceToken: serviceToken)
+            return try resolveWithoutSession(
+                header: message.header, caller: message.caller, access: access, serviceToken: serviceToken, server: server)
         case .session: return try await verifiedSession()
         case .sessionOrService:
             if message.header.sessionToken != nil { return try await verifiedSession() }
-            if serviceToken == nil || message.header.serviceToken != nil {
-                return try resolveWithoutSession(header: message.header, access: .service, serviceToken: serviceToken)
+            if message.caller != nil || serviceToken == nil || message.header.serviceToken != nil {
+                return try resolveWithoutSession(
+                    header: message.header, caller: message.caller, access: .service, serviceToken: serviceToken, server: server)
             }
             return try await verifiedSession()
         case .endingSession:
@@ -166,8 +168,21 @@ public struct RequestDispatcher: Sendable {
 
     /// The uid of a request whose access needs no session to be verified: ``Access/open``,
     /// ``Access/service`` or ``Access/serviceWithoutUID``.
-    static func resolveWithoutSession(header: EnvelopeHeader, access: Access, serviceToken: String?) throws(ServiceError) -> String? {
+    ///
+    /// A request from a caller the bus authenticated by its key (`caller`, over CURVE) may make
+    /// ``Access/service`` and ``Access/serviceWithoutUID`` requests only as ``BusRights`` allow,
+    /// whatever token it carries; without a known caller (a bus without keys, the in-process
+    /// bus), the service token decides.
+    static func resolveWithoutSession(
+        header: EnvelopeHeader, caller: String?, access: Access, serviceToken: String?, server: String
+    ) throws(ServiceError) -> String? {
         func checkServiceToken() throws(ServiceError) {
+            if let caller {
+                guard BusRights.may(caller, make: header.type, at: server) else {
+                    throw BusRights.refusal(caller, header.type, at: server)
+                }
+                return
+            }
             if let serviceToken, !constantTimeEqual(header.serviceToken ?? "", serviceToken) {
                 throw ServiceError(
                     .unauthenticated,

@@ -73,6 +73,7 @@ extension IOLoop {
                 try socket.set(ZMQ_SNDHWM, Int32(0))
                 try socket.set(ZMQ_RCVHWM, Int32(0))
                 try socket.set(ZMQ_MAXMSGSIZE, Int64(clamping: configuration.maxReplyFrameBytes))
+                try secureClient(socket, to: endpoint)
                 try socket.connect(endpoint)
             }
         } catch {

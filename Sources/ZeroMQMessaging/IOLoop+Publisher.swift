@@ -13,6 +13,7 @@ extension IOLoop {
                 // Subscribers only send subscription messages (topic prefixes) to a PUB socket.
                 try socket.set(ZMQ_MAXMSGSIZE, Int64(64 * 1024))
                 try socket.set(ZMQ_SNDHWM, Int32(clamping: configuration.publishHighWaterMark))
+                try secureServer(socket, at: endpoint, publisher: true)
                 try socket.bind(endpoint)
             }
             publishers[id] = Publisher(socket: socket, endpoint: endpoint)

@@ -37,6 +37,7 @@ extension IOLoop {
                 try socket.set(ZMQ_MAXMSGSIZE, Int64(limits.transportCap))
                 try socket.set(ZMQ_ROUTER_MANDATORY, Int32(1))
                 try socket.set(ZMQ_SNDHWM, Int32(clamping: configuration.replyHighWaterMark))
+                try secureServer(socket, at: endpoint, publisher: false)
                 try socket.bind(endpoint)
             }
             servers[id] = Server(socket: socket, endpoint: endpoint, limits: limits, sink: sink)
@@ -56,21 +57,26 @@ extension IOLoop {
         defer {
             if case .loop(let handler) = server.sink, !batch.isEmpty { runOnLoop { handler(batch) } }
         }
+        // Who sent each request: the name of its key, when the bus has keys.
+        let readCaller = configuration.keys != nil
+        var caller: String?
         for _ in 0..<Self.receiveBudget {
-            switch server.socket.receive(into: &frames, scratch: scratch) {
+            switch server.socket.receive(into: &frames, scratch: scratch, caller: &caller, readCaller: readCaller) {
             case .empty: return false
             case .failed(let code):
                 logger.warning("Receiving a request failed", metadata: ["error": "\(zmqErrorText(code))"])
                 return true
             case .message:
-                handleRequest(frames, on: server, serverID: id, batch: &batch)
+                handleRequest(frames, caller: caller, on: server, serverID: id, batch: &batch)
             }
         }
         return true
     }
 
     /// `frames` is [peer identity, routing frames..., empty delimiter, JSON, attachment?].
-    private func handleRequest(_ frames: [Data], on server: Server, serverID: UInt64, batch: inout [RawRequest]) {
+    private func handleRequest(
+        _ frames: [Data], caller: String?, on server: Server, serverID: UInt64, batch: inout [RawRequest]
+    ) {
         // A closure, not the key path `\.isEmpty`: applying a key path costs runtime lookups per
         // request (about 1 % of a loop thread's time at 1,000 sign-ins/s, `perf record`).
         guard frames.count > 1, let delimiter = frames[1...].firstIndex(where: { $0.isEmpty }) else {
@@ -87,7 +93,7 @@ extension IOLoop {
         let attachment = delimiter + 2 < frames.endIndex ? frames[delimiter + 2] : nil
         let extraFrames = max(0, frames.count - (delimiter + 3))
 
-        let message: Message
+        var message: Message
         do throws(ServiceError) {
             guard let body else {
                 throw ServiceError(.invalidMessage, "The request has no JSON envelope frame after the empty delimiter.")
@@ -100,10 +106,11 @@ extension IOLoop {
             if case .loop = server.sink {
                 // Read by the handler, once.
                 let responder = Responder(queue: queue, serverID: serverID, route: route)
-                batch.append(RawRequest(body: body, attachment: attachment) { reply in responder.send(reply) })
+                batch.append(RawRequest(body: body, attachment: attachment, caller: caller) { reply in responder.send(reply) })
                 return
             }
             message = try Message(body: body, attachment: attachment)
+            message.caller = caller
         } catch {
             queue.count { $0.rejectedRequests += 1 }
             sendReply(on: server, route: route, message: Message.errorReply(error, refusing: body, limits: server.limits, source: source))

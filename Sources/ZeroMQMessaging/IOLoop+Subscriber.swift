@@ -17,7 +17,11 @@ extension IOLoop {
                 // As deep as the publisher's queue for us: a burst is read late, not dropped.
                 try socket.set(ZMQ_RCVHWM, Int32(clamping: configuration.publishHighWaterMark))
                 for topic in topics { try socket.subscribe(topic) }
-                for endpoint in endpoints { try socket.connect(endpoint) }
+                for endpoint in endpoints {
+                    // Each connection takes the server key set just before it.
+                    try secureClient(socket, to: endpoint)
+                    try socket.connect(endpoint)
+                }
             }
             subscribers[id] = Subscriber(socket: socket, sink: sink)
             pollDirty = true

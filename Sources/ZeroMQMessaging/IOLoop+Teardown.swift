@@ -12,6 +12,8 @@ extension IOLoop {
         for server in retiring { close(server.socket, linger: Self.flushLinger, what: "server at \(server.endpoint)") }
         retiring = []
         for (endpoint, dealer) in dealers { close(dealer.socket, linger: 0, what: "requester for \(endpoint)") }
+        if let zap { close(zap, linger: 0, what: "ZAP handler") }
+        zap = nil
         let subscriberStreams = subscribers.values.map(\.sink)
         let serverStreams = servers.values.map(\.sink)
         let waiters = pending.values.map(\.waiter)

@@ -18,6 +18,7 @@ final class IOLoop: @unchecked Sendable {
         case subscriber(UInt64)
         case server(UInt64)
         case dealer(Endpoint)
+        case zap
     }
 
     let context: UnsafeMutableRawPointer
@@ -52,6 +53,18 @@ final class IOLoop: @unchecked Sendable {
     /// already on the socket reach their callers before the connections go down.
     var retiring: [(socket: Socket, endpoint: Endpoint, closeAt: UInt64)] = []
 
+    /// The ZAP handler's socket, when the bus has keys (see `IOLoop+Security.swift`).
+    var zap: Socket?
+    /// Why the ZAP handler could not start: then no server may bind, since without it CURVE
+    /// would admit any client.
+    var zapFailure: ServiceError?
+    /// Refused peers already logged ("address fingerprint").
+    var refusedPeers: Set<String> = []
+    /// The client keys the ZAP handler admits: ``BusKeys/clients``, read again when the keys
+    /// directory changes (its modification time, as of `keysStamp`).
+    var admitted: [CurveKey: String] = [:]
+    var keysStamp: timespec?
+
     /// Reused for every received frame.
     let scratch: UnsafeMutablePointer<zmq_msg_t>
     var frames: [Data] = []
@@ -84,6 +97,12 @@ final class IOLoop: @unchecked Sendable {
 
     func run() {
         queue.adoptLoopThread { [unowned self] command in perform(command) }
+        do {
+            zap = try startZAPHandler()
+        } catch {
+            zapFailure = error
+            logger.error("\(error.message) No server of this bus will start.")
+        }
         // The loop waits with poll(2) on the sockets' notification descriptors itself instead of
         // calling zmq_poll, which asks every socket for its events (two system calls each) twice
         // per wake-up. Here a socket is asked only when its descriptor was signalled or after the
@@ -133,6 +152,7 @@ final class IOLoop: @unchecked Sendable {
                 let more: Bool
                 switch pollTargets[index] {
                 case .wake: more = false
+                case .zap: more = zap.map(drainZAP) ?? false
                 case .subscriber(let id): more = drainSubscriber(id)
                 case .server(let id): more = drainServer(id)
                 case .dealer(let endpoint):
@@ -169,6 +189,7 @@ final class IOLoop: @unchecked Sendable {
             pollSockets.append(socket.map { ($0, events) })
         }
         add(nil, fd: queue.wakeFD, events: 0, .wake)
+        if let zap { add(zap, fd: zap.notificationFD(), events: ZMQ_POLLIN, .zap) }
         for (id, subscriber) in subscribers {
             add(subscriber.socket, fd: subscriber.socket.notificationFD(), events: ZMQ_POLLIN, .subscriber(id))
         }

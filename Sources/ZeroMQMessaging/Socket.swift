@@ -58,6 +58,13 @@ struct Socket {
         }
     }
 
+    /// Sets a text option (a Z85 key, a ZAP domain).
+    func set(_ option: Int32, text: String) throws(ServiceError) {
+        var text = text
+        let rc = text.withUTF8 { bytes in zmq_setsockopt(handle, option, bytes.baseAddress, bytes.count) }
+        if rc != 0 { throw optionError(option, zmq_errno()) }
+    }
+
     /// Subscribes a SUB socket to the topics starting with `prefix`.
     func subscribe(_ prefix: String) throws(ServiceError) {
         var prefix = prefix
@@ -118,7 +125,17 @@ struct Socket {
     /// Returns `.empty` on `EAGAIN`. Parts of a multipart message arrive together, so once the
     /// first part is in, the rest are too.
     func receive(into frames: inout [Data], scratch: UnsafeMutablePointer<zmq_msg_t>) -> ReceiveResult {
+        var caller: String?
+        return receive(into: &frames, scratch: scratch, caller: &caller, readCaller: false)
+    }
+
+    /// ``receive(into:scratch:)``, also reading the `User-Id` the ZAP handler gave the sender's
+    /// connection (the name of its CURVE key) when `readCaller` is set.
+    func receive(
+        into frames: inout [Data], scratch: UnsafeMutablePointer<zmq_msg_t>, caller: inout String?, readCaller: Bool
+    ) -> ReceiveResult {
         frames.removeAll(keepingCapacity: true)
+        if readCaller { caller = nil }
         while true {
             if zmq_msg_recv(scratch, handle, ZMQ_DONTWAIT) < 0 {
                 let code = zmq_errno()
@@ -127,6 +144,11 @@ struct Socket {
                 return .failed(code)
             }
             let size = zmq_msg_size(scratch)
+            // A ROUTER makes the first frame (the sender's routing id) itself, without the
+            // connection's properties: they come with the frames that crossed the wire.
+            if readCaller, caller == nil, !frames.isEmpty {
+                caller = zmq_msg_gets(scratch, "User-Id").map { String(cString: $0) }.flatMap { $0.isEmpty ? nil : $0 }
+            }
             frames.append(size == 0 ? Data() : Data(bytes: zmq_msg_data(scratch), count: size))
             if zmq_msg_more(scratch) == 0 { return .message }
         }
@@ -164,6 +186,11 @@ func socketOptionName(_ option: Int32) -> String {
     case ZMQ_RCVHWM: "ZMQ_RCVHWM"
     case ZMQ_IMMEDIATE: "ZMQ_IMMEDIATE"
     case ZMQ_SUBSCRIBE: "ZMQ_SUBSCRIBE"
+    case ZMQ_CURVE_SERVER: "ZMQ_CURVE_SERVER"
+    case ZMQ_CURVE_SECRETKEY: "ZMQ_CURVE_SECRETKEY"
+    case ZMQ_CURVE_PUBLICKEY: "ZMQ_CURVE_PUBLICKEY"
+    case ZMQ_CURVE_SERVERKEY: "ZMQ_CURVE_SERVERKEY"
+    case ZMQ_ZAP_DOMAIN: "ZMQ_ZAP_DOMAIN"
     default: "socket option \(option)"
     }
 }

@@ -45,6 +45,9 @@ public final class ZeroMQBus: MessageBus, Service {
         /// more for it (libzmq's default, 1,000, drops within a burst of one group commit; a
         /// subscriber recovers what was dropped with `events.after`).
         public var publishHighWaterMark: Int = 100_000
+        /// CURVE keys: with them, every `tcp://` and `ipc://` socket is encrypted, servers prove
+        /// their identity and admit only known clients (see ``BusKeys``). `nil`: plain sockets.
+        public var keys: BusKeys?
 
         public init() {}
     }

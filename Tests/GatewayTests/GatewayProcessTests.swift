@@ -3,6 +3,7 @@ import Logging
 import Messaging
 import OnboardingAPI
 import OnboardingClient
+import ServiceHosting
 import Synchronization
 import Testing
 import ZeroMQMessaging
@@ -20,6 +21,8 @@ final class RunningExecutables: Sendable {
     private let environment: [String: String]
     private let services: [Process]
     private let gatewayProcess: Mutex<Process?> = Mutex(nil)
+    /// The test's own bus: its CURVE keys among the services'.
+    let bus: ZeroMQBus.Configuration
 
     /// Where `swift build` put the executables: beside this test bundle.
     static var binDirectory: URL {
@@ -32,9 +35,16 @@ final class RunningExecutables: Sendable {
     }
 
     init() throws {
-        base = 16_000 + Int.random(in: 0..<99) * 10
+        let base = 16_000 + Int.random(in: 0..<99) * 10
+        self.base = base
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("gateway-processes-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let at = { (offset: Int) in Endpoint("tcp://127.0.0.1:\(base + offset)") }
+        var keys = ZeroMQBus.Configuration()
+        keys.keys = try BusSecurity.makeKeys(
+            in: directory.appendingPathComponent("keys").path, andLoad: "gateway-test",
+            servers: ["auth": [at(0), at(1)], "profile": [at(2), at(3)], "image-upload": [at(4)], "orchestrator": [at(5), at(6)]])
+        bus = keys
         environment = ProcessInfo.processInfo.environment.merging([
             "ONBOARDING_DATA_DIR": directory.path,
             "ONBOARDING_AUTH_RPC": "tcp://127.0.0.1:\(base)", "ONBOARDING_AUTH_EVENTS": "tcp://127.0.0.1:\(base + 1)",
@@ -135,7 +145,7 @@ struct GatewayProcessTests {
         let system = try RunningExecutables()
         var logger = Logger(label: "gateway-process-test")
         logger.logLevel = .warning
-        let bus = ZeroMQBus(source: "gateway-process-test", logger: logger)
+        let bus = ZeroMQBus(source: "gateway-process-test", logger: logger, configuration: system.bus)
         do {
             try await system.startGateway()
             let http = GatewayHTTP(base: system.gatewayBase)

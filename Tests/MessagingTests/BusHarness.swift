@@ -9,6 +9,8 @@ import ZeroMQMessaging
 enum BusKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
     case inProcess
     case zeroMQ
+    /// ZeroMQ with CURVE: every socket encrypted, the server admitting the client's key.
+    case zeroMQCurve
 
     var testDescription: String { rawValue }
 
@@ -19,7 +21,7 @@ enum BusKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
             // so no test here can rely on what only the stub would deliver.
             let bus = InProcessBus(source: "bus", joinDelay: .milliseconds(20))
             return Harness(kind: self, server: bus, client: bus)
-        case .zeroMQ:
+        case .zeroMQ, .zeroMQCurve:
             var logger = Logger(label: "test.zmq")
             logger.logLevel = .warning
             // Two buses, like two processes: one binds, the other connects. The client waits
@@ -27,12 +29,32 @@ enum BusKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
             // run beside these does not turn a slow connect into `noResponder`.
             var patient = ZeroMQBus.Configuration()
             patient.connectGrace = .seconds(3)
+            var server = ZeroMQBus.Configuration()
+            if self == .zeroMQCurve {
+                let keys = TestKeys.shared
+                server.keys = BusKeys(
+                    identity: "server", own: keys.server, servers: [:], otherServers: keys.server.publicKey,
+                    clients: [keys.client.publicKey: "client", keys.server.publicKey: "server"])
+                patient.keys = BusKeys(
+                    identity: "client", own: keys.client, servers: [:], otherServers: keys.server.publicKey, clients: [:])
+            }
             return Harness(
                 kind: self,
-                server: ZeroMQBus(source: "bus", logger: logger),
+                server: ZeroMQBus(source: "bus", logger: logger, configuration: server),
                 client: ZeroMQBus(source: "client", logger: logger, configuration: patient))
         }
     }
+}
+
+/// One server and one client key pair for the whole test run.
+enum TestKeys {
+    static let shared: (server: CurveKeyPair, client: CurveKeyPair) = {
+        do {
+            return (try CurveKeyPair.generate(), try CurveKeyPair.generate())
+        } catch {
+            fatalError("libzmq cannot make CURVE keys: \(error)")
+        }
+    }()
 }
 
 /// Runs `body` with a fresh pair of buses and tears them down afterwards, even when it throws.

@@ -236,6 +236,27 @@ struct SettingsTests {
         #expect(actual == expected, "run ONBOARDING_UPDATE_README=1 swift test --filter SettingsTests to rewrite them")
     }
 
+    @Test("the README's rights table is the one BusRights makes (ONBOARDING_UPDATE_README=1 rewrites it)")
+    func rightsTable() throws {
+        let path = Self.root.appendingPathComponent("README.md").path
+        let readme = try String(contentsOfFile: path, encoding: .utf8)
+        let begin = "<!-- rights: made from Sources/OnboardingAPI/BusRights.swift; SettingsTests keeps them equal -->\n"
+        let end = "<!-- end of rights -->"
+        guard let start = readme.range(of: begin), let stop = readme.range(of: end, range: start.upperBound..<readme.endIndex)
+        else {
+            Issue.record("README.md has no rights table between \(begin) and \(end)")
+            return
+        }
+        let expected = BusRights.markdownTable() + "\n"
+        let actual = String(readme[start.upperBound..<stop.lowerBound])
+        if actual != expected, ProcessInfo.processInfo.environment["ONBOARDING_UPDATE_README"] == "1" {
+            try (String(readme[..<start.upperBound]) + expected + String(readme[stop.lowerBound...]))
+                .write(toFile: path, atomically: true, encoding: .utf8)
+            return
+        }
+        #expect(actual == expected, "run ONBOARDING_UPDATE_README=1 swift test --filter SettingsTests to rewrite it")
+    }
+
     @Test("compose's default endpoints are the declared defaults")
     func compose() throws {
         let script = try String(contentsOf: Self.root.appendingPathComponent("compose/onboarding"), encoding: .utf8)

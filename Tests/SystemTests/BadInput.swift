@@ -30,7 +30,13 @@ func envelope(
 /// Bad input at every endpoint: each gets a typed error and no service goes down.
 ///
 /// - Parameter serviceToken: the secret the services share.
-func runBadInput(bus: any MessageBus, endpoints: SystemEndpoints, serviceToken: String) async throws {
+///
+/// - Parameter serviceRefusal: how a request meant for our own services is refused: `forbidden`
+///   over CURVE (the caller's key has no right to it), `unauthenticated` where the service token
+///   decides (no keys, or the in-process bus).
+func runBadInput(
+    bus: any MessageBus, endpoints: SystemEndpoints, serviceToken: String, serviceRefusal: ErrorCode = .unauthenticated
+) async throws {
     let app = endpoints.client(bus, name: "bad-input")
     let signedIn = try await app.signIn(provider: .naver, subject: "bad-input-\(UUID().uuidString)")
     let uid = signedIn.uid
@@ -63,8 +69,8 @@ func runBadInput(bus: any MessageBus, endpoints: SystemEndpoints, serviceToken: 
     #expect(try await rawError(bus, endpoints.orchestratorRPC, body: envelope(SetUpProfile.type, payload: "{\"username\":\"mina\"}", token: "forged"))?.code == .unauthenticated)
     #expect(try await rawError(bus, endpoints.profileRPC, body: envelope(GetProfile.type, token: "forged"))?.code == .unauthenticated)
 
-    // Requests for our own services only: without the service token, or with a forged one, an
-    // app (or anyone) cannot act for a person by naming their uid.
+    // Requests for our own services only: without the right key (over CURVE) or the service
+    // token, or with a forged one, an app (or anyone) cannot act for a person by naming their uid.
     let serviceOnly: [(Endpoint, String, String)] = [
         (endpoints.profileRPC, CreateProfile.type, "{\"username\":\"intruder\"}"),
         (endpoints.profileRPC, UpdateProfile.type, "{\"username\":\"intruder\"}"),
@@ -75,10 +81,10 @@ func runBadInput(bus: any MessageBus, endpoints: SystemEndpoints, serviceToken: 
         (endpoints.imageRPC, DeleteImage.type, "{\"path\":\"\(uid)/x.png\"}"),
     ]
     for (endpoint, type, payload) in serviceOnly {
-        #expect(try await rawError(bus, endpoint, body: envelope(type, payload: payload, uid: uid))?.code == .unauthenticated, "\(type) without the service token")
-        #expect(try await rawError(bus, endpoint, body: envelope(type, payload: payload, uid: uid, serviceToken: "forged"))?.code == .unauthenticated, "\(type) with a forged service token")
+        #expect(try await rawError(bus, endpoint, body: envelope(type, payload: payload, uid: uid))?.code == serviceRefusal, "\(type) without the service token")
+        #expect(try await rawError(bus, endpoint, body: envelope(type, payload: payload, uid: uid, serviceToken: "forged"))?.code == serviceRefusal, "\(type) with a forged service token")
     }
-    #expect(try await rawError(bus, endpoints.imageRPC, body: envelope(UploadImage.type, uid: uid), attachment: pngBytes)?.code == .unauthenticated)
+    #expect(try await rawError(bus, endpoints.imageRPC, body: envelope(UploadImage.type, uid: uid), attachment: pngBytes)?.code == serviceRefusal)
 
     // Invalid usernames, in the domain's order.
     let cases: [(String, UsernameProblem)] = [("", .empty), ("a", .tooShort), ("abcdefghij", .tooLong), ("mi na", .invalidCharacters)]

@@ -40,14 +40,14 @@ struct DismissRecipeTests {
             for round in 1...Self.rounds {
                 try await Self.round(
                     round, bus: bus, endpoints: system.endpoints, tap: tap, profilePID: profile.processIdentifier,
-                    serviceToken: serviceToken)
+                    serviceToken: serviceToken, directory: system.directory)
             }
         }
     }
 
     static func round(
         _ round: Int, bus: ZeroMQBus, endpoints: SystemEndpoints, tap: IntentRecorder, profilePID: pid_t,
-        serviceToken: String
+        serviceToken: String, directory: URL
     ) async throws {
         // Everyone signs in for the first time and is asked to set up.
         var people: [(uid: String, subject: String, first: OnboardingClient, second: OnboardingClient)] = []
@@ -104,7 +104,7 @@ struct DismissRecipeTests {
             try await person.first.signOut()
             try await person.second.signOut()
         }
-        try await waitUntilCaughtUp(bus: bus, endpoints: endpoints, serviceToken: serviceToken)
+        try await waitUntilCaughtUp(bus: bus, endpoints: endpoints, serviceToken: serviceToken, directory: directory)
         for person in people {
             let intents = tap.intents(for: person.uid)
             let dismissals = Set(intents.filter { $0.intent == .dismiss }.map(\.intentId))
@@ -134,10 +134,15 @@ struct DismissRecipeTests {
     }
 
     /// Waits until the orchestrator has handled every event the profile service recorded.
-    static func waitUntilCaughtUp(bus: ZeroMQBus, endpoints: SystemEndpoints, serviceToken: String) async throws {
-        let recorded = try await bus.call(
+    static func waitUntilCaughtUp(
+        bus: ZeroMQBus, endpoints: SystemEndpoints, serviceToken: String, directory: URL
+    ) async throws {
+        // Profile's record is the orchestrator's to replay (the rights table): asked with its key.
+        let orchestrator = try testBus(as: "orchestrator", directory: directory, servers: endpoints.servers)
+        let recorded = try await orchestrator.call(
             EventsAfter(sequence: 0, limit: 1), to: endpoints.profileRPC, source: "test", serviceToken: serviceToken
         ).lastSequence
+        await orchestrator.shutdown()
         let clock = ContinuousClock()
         let deadline = clock.now.advanced(by: .seconds(30))
         while clock.now < deadline {

@@ -11,6 +11,7 @@ struct ParentWatchTests {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         let base = 18_000 + Int.random(in: 0..<900) * 2
+        _ = try testBusConfiguration(directory: directory, servers: [:])
         let shell = Process()
         shell.executableURL = URL(fileURLWithPath: "/bin/sh")
         // The shell starts auth in the background, naming itself as the parent to outlive,

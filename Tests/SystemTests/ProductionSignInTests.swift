@@ -64,7 +64,8 @@ struct ProductionSignInTests {
         defer { try? FileManager.default.removeItem(at: directory) }
         var logger = Logger(label: "production-sign-in-test")
         logger.logLevel = .warning
-        let bus = ZeroMQBus(source: "test", logger: logger)
+        let keys = try testBusConfiguration(directory: directory, servers: ["auth": [rpc, events]])
+        let bus = ZeroMQBus(source: "test", logger: logger, configuration: keys)
         do {
             try await body(fake, bus, rpc, events, directory)
         } catch {

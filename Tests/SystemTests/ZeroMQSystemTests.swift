@@ -17,6 +17,8 @@ final class RunningSystem: Sendable {
     let endpoints: SystemEndpoints
     let directory: URL
     let processes: [Process]
+    /// The test's own bus: its keys among the services'.
+    let bus: ZeroMQBus.Configuration
 
     /// Where `swift build` put the executables: beside this test bundle.
     static var binDirectory: URL {
@@ -34,6 +36,7 @@ final class RunningSystem: Sendable {
         endpoints = .tcp(base: 26_000 + Int.random(in: 0..<599) * 10)
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("onboarding-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        bus = try testBusConfiguration(directory: directory, servers: endpoints.servers)
         let e = endpoints
         let environment = ProcessInfo.processInfo.environment.merging([
             "ONBOARDING_DATA_DIR": directory.path,
@@ -83,7 +86,7 @@ final class RunningSystem: Sendable {
         let system = try RunningSystem()
         var logger = Logger(label: "zeromq-system-test")
         logger.logLevel = .warning
-        let bus = ZeroMQBus(source: "test", logger: logger)
+        let bus = ZeroMQBus(source: "test", logger: logger, configuration: system.bus)
         do {
             for (name, endpoint) in system.endpoints.rpcEndpoints {
                 do {
@@ -130,7 +133,59 @@ struct ZeroMQSystemTests {
     func badInput() async throws {
         try await RunningSystem.run { bus, system in
             let token = try ServiceTokenFile(directory: system.directory.path).readOrCreate()
-            try await runBadInput(bus: bus, endpoints: system.endpoints, serviceToken: token)
+            try await runBadInput(bus: bus, endpoints: system.endpoints, serviceToken: token, serviceRefusal: .forbidden)
+        }
+    }
+
+    @Test("over CURVE, rights go by key: an operator's key is refused what only the orchestrator may do, whatever token it carries")
+    func rightsPerKey() async throws {
+        try await RunningSystem.run { bus, system in
+            let token = try ServiceTokenFile(directory: system.directory.path).readOrCreate()
+            let e = system.endpoints
+            // The test's key ("test") is an operator's: it may read the orchestrator's record...
+            let page = try await bus.call(
+                EventsAfter(sequence: 0, limit: 1), to: e.orchestratorRPC, source: "test", serviceToken: token)
+            #expect(page.events.count <= 1)
+            // ...but not write a profile, upload an image or replay auth's events, token or not.
+            func expectForbidden(_ name: String, _ call: () async throws -> Void) async {
+                do {
+                    try await call()
+                    Issue.record("\(name) was allowed")
+                } catch let error as ServiceError {
+                    #expect(error.code == .forbidden, "\(name): \(error)")
+                    #expect(error.reason == "test", "\(name)")
+                } catch {
+                    Issue.record("\(name): \(error)")
+                }
+            }
+            await expectForbidden("profile.create") {
+                _ = try await bus.call(CreateProfile(username: "rights"), to: e.profileRPC, source: "test", uid: "u1", serviceToken: token)
+            }
+            await expectForbidden("image.deleteAll") {
+                _ = try await bus.call(DeleteAllImages(), to: e.imageRPC, source: "test", uid: "u1", serviceToken: token)
+            }
+            await expectForbidden("auth's events.after") {
+                _ = try await bus.call(EventsAfter(sequence: 0, limit: 1), to: e.authRPC, source: "test", serviceToken: token)
+            }
+            // The orchestrator's own key may replay auth's events.
+            var orchestrator = ZeroMQBus.Configuration()
+            orchestrator.keys = try BusKeys.load(
+                from: system.directory.appendingPathComponent("keys").path, identity: "orchestrator", servers: e.servers)
+            let asOrchestrator = ZeroMQBus(source: "rights-test", logger: Logger(label: "rights-test"), configuration: orchestrator)
+            let replay = try await asOrchestrator.call(EventsAfter(sequence: 0, limit: 1), to: e.authRPC, source: "test")
+            #expect(replay.lastSequence >= 0)
+            await asOrchestrator.shutdown()
+            // Following auth's events is the orchestrator's alone: the test's key is turned away.
+            let before = try await bus.call(HealthCheck(), to: e.authRPC, source: "test").statistics.refusedHandshakes
+            let events = try await bus.subscribe(to: [e.authEvents], topics: [""], limits: MessageLimits())
+            // Polled: a refused handshake has nothing to wait on but auth's count of them.
+            var refused = before
+            for _ in 0..<200 where refused == before {
+                refused = try await bus.call(HealthCheck(), to: e.authRPC, source: "test").statistics.refusedHandshakes
+                if refused == before { try await Task.sleep(for: .milliseconds(20)) }
+            }
+            #expect(refused > before, "auth refused the subscription of a key that may not follow it")
+            _ = events
         }
     }
 
@@ -139,7 +194,8 @@ struct ZeroMQSystemTests {
         .enabled(if: PythonClient.isAvailable, "needs python3 with pyzmq (./compose/onboarding test installs it)"))
     func pythonClient() async throws {
         try await RunningSystem.run { _, system in
-            let result = try await PythonClient.run(endpoints: system.endpoints)
+            let result = try await PythonClient.run(
+                endpoints: system.endpoints, keysDirectory: system.directory.appendingPathComponent("keys").path)
             #expect(result.status == 0, "the Python client failed:\n\(result.output)")
             #expect(result.output.contains("python client: all steps passed"))
         }
@@ -163,13 +219,14 @@ enum PythonClient {
         return process.terminationStatus == 0
     }()
 
-    static func run(endpoints: SystemEndpoints) async throws -> (status: Int32, output: String) {
+    static func run(endpoints: SystemEndpoints, keysDirectory: String) async throws -> (status: Int32, output: String) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = ["python3", script.path]
         process.environment = ProcessInfo.processInfo.environment.merging([
             "ONBOARDING_AUTH_RPC": endpoints.authRPC.rawValue, "ONBOARDING_PROFILE_RPC": endpoints.profileRPC.rawValue,
             "ONBOARDING_ORCHESTRATOR_RPC": endpoints.orchestratorRPC.rawValue, "ONBOARDING_ROUTES": endpoints.routes.rawValue,
+            "ONBOARDING_KEYS_DIR": keysDirectory, "ONBOARDING_KEY_NAME": "client",
         ]) { $1 }
         let output = Pipe()
         process.standardOutput = output

@@ -3,6 +3,10 @@
 
 Needs pyzmq (pip install pyzmq). Endpoints come from the same environment variables the
 services use, with the same defaults. Exits 0 when every step behaved as proto/ says.
+
+The bus is encrypted (CURVE): the client loads its own key pair (NAME.key_secret) and each
+server's public key (auth.key, profile.key, ...) from the keys directory, made with
+`onboarding-keys make NAME`. ONBOARDING_CURVE=false talks plain ZeroMQ to a system run so.
 """
 import datetime
 import json
@@ -18,6 +22,12 @@ AUTH = os.environ.get("ONBOARDING_AUTH_RPC", "tcp://127.0.0.1:7101")
 PROFILE = os.environ.get("ONBOARDING_PROFILE_RPC", "tcp://127.0.0.1:7201")
 ORCHESTRATOR = os.environ.get("ONBOARDING_ORCHESTRATOR_RPC", "tcp://127.0.0.1:7401")
 ROUTES = os.environ.get("ONBOARDING_ROUTES", "tcp://127.0.0.1:7402")
+DATA_DIR = os.environ.get("ONBOARDING_DATA_DIR", ".data")
+KEYS_DIR = os.environ.get("ONBOARDING_KEYS_DIR") or os.path.join(DATA_DIR, "keys")
+KEY_NAME = os.environ.get("ONBOARDING_KEY_NAME", "client")
+CURVE = os.environ.get("ONBOARDING_CURVE", "true").lower() not in ("0", "false", "no", "off")
+# Which server holds each endpoint: its public key is <name>.key in the keys directory.
+SERVER_OF = {AUTH: "auth", PROFILE: "profile", ORCHESTRATOR: "orchestrator", ROUTES: "orchestrator"}
 
 
 def png(width, height, rgb=(40, 120, 200)):
@@ -32,6 +42,16 @@ def png(width, height, rgb=(40, 120, 200)):
 PNG = png(32, 32)
 
 ctx = zmq.Context.instance()
+
+
+def connect(sock, endpoint):
+    """Connects `sock`, as a CURVE client of the server at `endpoint` unless CURVE is off."""
+    if CURVE:
+        import zmq.auth
+        public, secret = zmq.auth.load_certificate(os.path.join(KEYS_DIR, KEY_NAME + ".key_secret"))
+        server, _ = zmq.auth.load_certificate(os.path.join(KEYS_DIR, SERVER_OF[endpoint] + ".key"))
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server
+    sock.connect(endpoint)
 
 
 class ServiceError(Exception):
@@ -55,7 +75,7 @@ def call(endpoint, type_, payload, session_token=None, image=None, timeout_ms=50
     frames = [json.dumps(request).encode()] + ([image] if image is not None else [])
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
+    connect(sock, endpoint)
     try:
         sock.send_multipart(frames)
         if not sock.poll(timeout_ms):
@@ -82,7 +102,7 @@ def expect_error(code, fn, *args, **kwargs):
 def subscribe(topic):
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
-    sub.connect(ROUTES)
+    connect(sub, ROUTES)
     sub.setsockopt_string(zmq.SUBSCRIBE, topic)
     return sub
 
@@ -137,7 +157,7 @@ def main():
     # A DEALER socket: own routing frame, empty delimiter, envelope, image.
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
-    dealer.connect(ORCHESTRATOR)
+    connect(dealer, ORCHESTRATOR)
     request = envelope("onboarding.setUpProfile", {"username": username, "contentType": "image/png"}, token)
     dealer.send_multipart([b"setup-1", b"", json.dumps(request).encode(), PNG])
     assert dealer.poll(5000), "no reply to the set-up"

@@ -1,0 +1,107 @@
+import Foundation
+import Messaging
+import OnboardingAPI
+import OnboardingSettings
+import ZeroMQMessaging
+
+extension Program {
+    /// The name of the program's key pair unless `ONBOARDING_KEY_NAME` says otherwise.
+    public var keyName: String { shortName }
+}
+
+/// The bus's CURVE keys as the settings say: where they are, whose pair a process uses, and
+/// which server holds each endpoint.
+public enum BusSecurity {
+    /// The key pairs `onboarding-keys make` makes when given no names: one per program.
+    public static let standardNames = Program.allCases.map(\.keyName)
+
+    /// The keys directory: `ONBOARDING_KEYS_DIR`, or `keys` in the data directory.
+    public static func keysDirectory(_ settings: Settings) -> String {
+        settings.path(.keysDir, derived: "\(settings.text(.dataDir) ?? ".data")/keys")
+    }
+
+    /// Which server (by key name) binds each endpoint of the settings.
+    public static func serverEndpoints(_ settings: Settings) throws -> [String: [Endpoint]] {
+        [
+            Program.auth.keyName: [try settings.endpoint(.authRPC), try settings.endpoint(.authEvents)],
+            Program.profile.keyName: [try settings.endpoint(.profileRPC), try settings.endpoint(.profileEvents)],
+            Program.imageUpload.keyName: [try settings.endpoint(.imageRPC)],
+            Program.orchestrator.keyName: [try settings.endpoint(.orchestratorRPC), try settings.endpoint(.routes)],
+        ]
+    }
+
+    /// The keys `program` runs its bus with, or `nil` when CURVE is off (`ONBOARDING_CURVE=false`).
+    ///
+    /// - Throws: ``SettingError`` with one line naming the key file that is missing, unreadable,
+    ///   readable by others or malformed, and what to do.
+    public static func keys(for program: Program, settings: Settings) throws -> BusKeys? {
+        guard try settings.toggle(.curve) else { return nil }
+        let directory = keysDirectory(settings)
+        let name = settings.text(.keyName) ?? program.keyName
+        do {
+            var keys = try BusKeys.load(from: directory, identity: name, servers: try serverEndpoints(settings))
+            // Who may follow each publisher: the rights table, by the server that binds it.
+            let publishers = Dictionary(
+                [
+                    (try settings.endpoint(.authEvents), ServiceName.auth), (try settings.endpoint(.profileEvents), ServiceName.profile),
+                    (try settings.endpoint(.routes), ServiceName.orchestrator),
+                ],
+                uniquingKeysWith: { first, _ in first })
+            keys.mayFollow = { caller, endpoint in
+                publishers[endpoint].map { BusRights.may(caller, follow: $0) } ?? true
+            }
+            return keys
+        } catch let error as SettingError {
+            throw error
+        } catch {
+            throw SettingError(
+                "the bus's keys: \(error). Make missing keys with `onboarding-keys make --keys-dir \(directory)`; "
+                    + "ONBOARDING_CURVE=false runs without them (one trusted machine only).")
+        }
+    }
+
+    /// A bus configuration with `program`'s keys (see ``keys(for:settings:)``).
+    public static func busConfiguration(
+        for program: Program, settings: Settings, base: ZeroMQBus.Configuration = ZeroMQBus.Configuration()
+    ) throws -> ZeroMQBus.Configuration {
+        var configuration = base
+        configuration.keys = try keys(for: program, settings: settings)
+        return configuration
+    }
+
+    /// Makes every program's key pair and `name`'s in `directory` (those missing), and returns
+    /// `name`'s keys for the servers at `servers`: what a test or a tool of your own needs to
+    /// talk to services started with that keys directory.
+    public static func makeKeys(in directory: String, andLoad name: String, servers: [String: [Endpoint]]) throws -> BusKeys {
+        _ = try makeKeys(in: directory, names: standardNames + [name])
+        return try BusKeys.load(from: directory, identity: name, servers: servers)
+    }
+
+    /// What became of one name in ``makeKeys(in:names:)``.
+    public struct MadeKey: Sendable {
+        public let name: String
+        public let publicKey: CurveKey
+        /// `false` when the pair was there already (it is never replaced).
+        public let made: Bool
+    }
+
+    /// Makes `directory` (mode 0700, tightened when it exists) and a key pair for each of
+    /// `names` that has none; existing pairs are kept.
+    public static func makeKeys(in directory: String, names: [String]) throws -> [MadeKey] {
+        try FileManager.default.createDirectory(
+            atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        try FileManager.default.setAttributes([.posixPermissions: 0o700], ofItemAtPath: directory)
+        return try names.map { name in
+            guard !name.isEmpty, !name.contains("/"), !name.hasPrefix(".") else {
+                throw SettingError("\"\(name)\" cannot name a key: use letters, digits, '-' and '+'")
+            }
+            let secret = CurveKeyFile.secretPath(name, in: directory)
+            if FileManager.default.fileExists(atPath: secret) {
+                return MadeKey(name: name, publicKey: try CurveKeyFile.readPair(secret).publicKey, made: false)
+            }
+            let pair = try CurveKeyPair.generate()
+            try CurveKeyFile.write(pair, name: name, in: directory)
+            return MadeKey(name: name, publicKey: pair.publicKey, made: true)
+        }
+    }
+}

@@ -1,0 +1,5 @@
+import ArgumentParser
+import ClientCommands
+
+@main
+extension KeysCommand {}
