@@ -217,44 +217,36 @@ struct SettingsTests {
 
     @Test("the README's Configuration tables are the ones the declarations make (ONBOARDING_UPDATE_README=1 rewrites them)")
     func readme() throws {
-        let path = Self.root.appendingPathComponent("README.md").path
-        let readme = try String(contentsOfFile: path, encoding: .utf8)
-        let begin = "<!-- settings: made from Sources/OnboardingSettings/Setting+Catalog.swift; SettingsTests keeps them equal -->\n"
-        let end = "<!-- end of settings -->"
-        guard let start = readme.range(of: begin), let stop = readme.range(of: end, range: start.upperBound..<readme.endIndex)
-        else {
-            Issue.record("README.md has no settings tables between \(begin) and \(end)")
-            return
-        }
-        let expected = Setting.markdownTables()
-        let actual = String(readme[start.upperBound..<stop.lowerBound])
-        if actual != expected, ProcessInfo.processInfo.environment["ONBOARDING_UPDATE_README"] == "1" {
-            try (String(readme[..<start.upperBound]) + expected + String(readme[stop.lowerBound...]))
-                .write(toFile: path, atomically: true, encoding: .utf8)
-            return
-        }
-        #expect(actual == expected, "run ONBOARDING_UPDATE_README=1 swift test --filter SettingsTests to rewrite them")
+        try Self.expectReadmeSection("settings", made: Setting.markdownTables())
     }
 
     @Test("the README's rights table is the one BusRights makes (ONBOARDING_UPDATE_README=1 rewrites it)")
     func rightsTable() throws {
-        let path = Self.root.appendingPathComponent("README.md").path
+        try Self.expectReadmeSection("rights", from: "Sources/OnboardingAPI/BusRights.swift", made: BusRights.markdownTable() + "\n")
+    }
+
+    /// Expects the README's text between `<!-- NAME: made from SOURCE; SettingsTests keeps them
+    /// equal -->` and `<!-- end of NAME -->` to be `made`; with `ONBOARDING_UPDATE_README=1`,
+    /// rewrites it instead.
+    static func expectReadmeSection(
+        _ name: String, from source: String = "Sources/OnboardingSettings/Setting+Catalog.swift", made expected: String
+    ) throws {
+        let path = root.appendingPathComponent("README.md").path
         let readme = try String(contentsOfFile: path, encoding: .utf8)
-        let begin = "<!-- rights: made from Sources/OnboardingAPI/BusRights.swift; SettingsTests keeps them equal -->\n"
-        let end = "<!-- end of rights -->"
+        let begin = "<!-- \(name): made from \(source); SettingsTests keeps them equal -->\n"
+        let end = "<!-- end of \(name) -->"
         guard let start = readme.range(of: begin), let stop = readme.range(of: end, range: start.upperBound..<readme.endIndex)
         else {
-            Issue.record("README.md has no rights table between \(begin) and \(end)")
+            Issue.record("README.md has no \(name) between \(begin) and \(end)")
             return
         }
-        let expected = BusRights.markdownTable() + "\n"
         let actual = String(readme[start.upperBound..<stop.lowerBound])
         if actual != expected, ProcessInfo.processInfo.environment["ONBOARDING_UPDATE_README"] == "1" {
             try (String(readme[..<start.upperBound]) + expected + String(readme[stop.lowerBound...]))
                 .write(toFile: path, atomically: true, encoding: .utf8)
             return
         }
-        #expect(actual == expected, "run ONBOARDING_UPDATE_README=1 swift test --filter SettingsTests to rewrite it")
+        #expect(actual == expected, "run ONBOARDING_UPDATE_README=1 swift test --filter SettingsTests to rewrite the \(name) table")
     }
 
     @Test("compose's default endpoints are the declared defaults")
