@@ -201,6 +201,34 @@ struct CurveTests {
         await server.shutdown()
     }
 
+    @Test("bytes captured between a client and a server over CURVE hold no JSON, token or payload in clear; without CURVE they do")
+    func capturedBytesAreEncrypted() async throws {
+        let serverKeys = try CurveKeyPair.generate(), clientKeys = try CurveKeyPair.generate()
+        for curve in [true, false] {
+            let server = curve ? bus("server", own: serverKeys, server: serverKeys, admitting: [clientKeys.publicKey: "client"])
+                : ZeroMQBus(source: "server", logger: Self.quiet)
+            let (endpoint, registration) = try await bindRetrying { endpoint in
+                try await server.serve(at: endpoint, limits: MessageLimits(), onLoop: { batch in
+                    for raw in batch { raw.reply(OutgoingMessage(body: raw.body)) }
+                })
+            }
+            let port = Int(endpoint.rawValue.split(separator: ":").last!)!
+            let relay = try TCPRelay(to: port)
+            let client = curve ? bus("client", own: clientKeys, server: serverKeys) : ZeroMQBus(source: "client", logger: Self.quiet)
+            let secret = "the-service-token-\(UUID().uuidString)"
+            let reply = try await client.request(
+                try echoRequest(secret), to: Endpoint("tcp://127.0.0.1:\(relay.port)"), timeout: .seconds(5))
+            #expect(try reply.payload(as: Echo.self).text == secret, "the request went through the relay")
+            let captured = relay.bytes
+            let clear = captured.range(of: Data(secret.utf8)) != nil || captured.range(of: Data("\"type\":\"test.echo\"".utf8)) != nil
+            #expect(clear == !curve, curve ? "CURVE: nothing in clear" : "plain: the relay sees the request (the test can see)")
+            relay.stop()
+            registration.close()
+            await client.shutdown()
+            await server.shutdown()
+        }
+    }
+
     @Test("a bus refuses to connect to a server whose public key it does not have")
     func unknownServer() async throws {
         var configuration = ZeroMQBus.Configuration()
