@@ -116,7 +116,7 @@ let package = Package(
         ),
         .testTarget(
             name: "OnboardingAPITests",
-            dependencies: ["OnboardingAPI", "FuzzKit"]
+            dependencies: ["OnboardingAPI", "FuzzKit", "Messaging"]
         ),
 
         // MARK: Shared service plumbing
@@ -156,6 +156,7 @@ let package = Package(
         .target(
             name: "AuthIdentity",
             dependencies: [
+                "OnboardingSettings",
                 "Messaging",
                 "OnboardingAPI",
                 .product(name: "JWTKit", package: "jwt-kit"),
@@ -180,6 +181,7 @@ let package = Package(
         .executableTarget(
             name: "onboarding-fake-provider",
             dependencies: [
+                "OnboardingAPI",
                 "FakeIdentityProvider",
                 "OnboardingSettings",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -188,6 +190,7 @@ let package = Package(
         .testTarget(
             name: "AuthIdentityTests",
             dependencies: [
+                "Messaging", "OnboardingAPI",
                 "AuthIdentity", "AuthService", "FakeIdentityProvider", "ServiceRuntime",
                 .product(name: "JWTKit", package: "jwt-kit"),
             ]
@@ -198,18 +201,25 @@ let package = Package(
         .target(
             name: "AuthService",
             dependencies: [
+                "Messaging", "OnboardingAPI", "OnboardingSettings",
                 "ServiceRuntime",
                 "AuthIdentity",
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
-        .executableTarget(name: "auth-service", dependencies: ["AuthService", "ServiceHosting"]),
+        .executableTarget(
+            name: "auth-service",
+            dependencies: ["AuthService", "ServiceHosting", "OnboardingAPI", "OnboardingSettings"]
+        ),
 
         .target(
             name: "ProfileService",
             dependencies: ["ServiceRuntime"]
         ),
-        .executableTarget(name: "profile-service", dependencies: ["ProfileService", "ServiceHosting"]),
+        .executableTarget(
+            name: "profile-service",
+            dependencies: ["ProfileService", "ServiceHosting", "OnboardingAPI", "OnboardingSettings"]
+        ),
 
         // libvips (Debian's libvips-dev) decodes, strips and re-encodes every image. CVips wraps
         // its variadic C calls in plain functions Swift can call. pkg-config `gobject-2.0`, not
@@ -230,15 +240,21 @@ let package = Package(
         ),
         .target(
             name: "ImageUploadService",
-            dependencies: ["ServiceRuntime", "CVips"]
+            dependencies: ["ServiceRuntime", "CVips", "Messaging", "OnboardingAPI", "OnboardingSettings"]
         ),
-        .executableTarget(name: "image-upload-service", dependencies: ["ImageUploadService", "ServiceHosting"]),
+        .executableTarget(
+            name: "image-upload-service",
+            dependencies: ["ImageUploadService", "ServiceHosting", "OnboardingAPI", "OnboardingSettings"]
+        ),
 
         .target(
             name: "OnboardingOrchestrator",
             dependencies: ["ServiceRuntime"]
         ),
-        .executableTarget(name: "onboarding-orchestrator", dependencies: ["OnboardingOrchestrator", "ServiceHosting"]),
+        .executableTarget(
+            name: "onboarding-orchestrator",
+            dependencies: ["OnboardingOrchestrator", "ServiceHosting", "OnboardingAPI", "OnboardingSettings"]
+        ),
 
         .testTarget(
             name: "ServiceTests",
@@ -344,6 +360,7 @@ let package = Package(
         .target(
             name: "OnboardingGateway",
             dependencies: [
+                "Messaging", "OnboardingAPI", "OnboardingSettings",
                 "OnboardingClient",
                 "ServiceRuntime",
                 .product(name: "Hummingbird", package: "hummingbird"),
@@ -351,7 +368,10 @@ let package = Package(
             ],
             resources: [.copy("Resources/openapi.json"), .copy("Resources/demo.html")]
         ),
-        .executableTarget(name: "onboarding-gateway", dependencies: ["OnboardingGateway", "ServiceHosting"]),
+        .executableTarget(
+            name: "onboarding-gateway",
+            dependencies: ["OnboardingGateway", "ServiceHosting", "OnboardingSettings"]
+        ),
         .testTarget(
             name: "GatewayTests",
             dependencies: [
@@ -369,6 +389,7 @@ let package = Package(
         .testTarget(
             name: "SystemTests",
             dependencies: [
+                "Messaging", "OnboardingAPI", "ServiceRuntime",
                 "OnboardingClient", "AuthService", "ProfileService", "ImageUploadService",
                 "OnboardingOrchestrator", "ZeroMQMessaging", "FuzzKit", "ImageFixtures", "OnboardingTesting",
                 "FakeIdentityProvider", "ServiceHosting",

@@ -170,8 +170,16 @@ public struct BusStatistics: Sendable, Hashable, Codable {
     public var rejectedRequests: Int = 0
     /// Replies that arrived after their caller had given up.
     public var lateReplies: Int = 0
-    /// Connections refused because the client's CURVE key is not known (or it offered none).
+    /// Connections refused because the client's CURVE key is not known (or it offered none),
+    /// or because it could not complete the CURVE handshake.
     public var refusedHandshakes: Int = 0
+    /// Connections to a server that failed the CURVE handshake: it could not prove the key
+    /// known for it (a squatter on its port), or it refused this process's key.
+    public var failedHandshakes: Int = 0
+    /// Subscribers of this process's publishers that are not reading now (named in the log).
+    public var slowSubscribers: Int = 0
+    /// Replies dropped because their caller was not reading its replies.
+    public var droppedReplies: Int = 0
 
     public init() {}
 }

@@ -27,7 +27,7 @@ public struct CurveKey: Sendable, Hashable, CustomStringConvertible {
             zmq_z85_encode(&text, raw.bindMemory(to: UInt8.self).baseAddress, 32)
         }
         guard encoded != nil else { return nil }
-        z85 = String(cString: text)
+        z85 = String(nulTerminated: text)
     }
 
     /// A short name of the key for logs: its first six bytes in hex, enough to tell keys apart.
@@ -64,7 +64,8 @@ public struct CurveKeyPair: Sendable, Hashable {
             throw .unavailable(zmqErrorText(zmq_errno()))
         }
         return CurveKeyPair(
-            publicKey: try CurveKey(z85: String(cString: publicText)), secretKey: try CurveKey(z85: String(cString: secretText)))
+            publicKey: try CurveKey(z85: String(nulTerminated: publicText)),
+            secretKey: try CurveKey(z85: String(nulTerminated: secretText)))
     }
 }
 
@@ -194,5 +195,12 @@ public enum CurveKeyFile {
         }
         guard let publicKey = try key("public-key") else { throw .noKey(path: path, which: "public-key") }
         return (publicKey, secret ? try key("secret-key") : nil)
+    }
+}
+
+extension String {
+    /// The text before the first NUL of a C character buffer that libzmq filled.
+    init(nulTerminated characters: [CChar]) {
+        self.init(decoding: characters.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 }

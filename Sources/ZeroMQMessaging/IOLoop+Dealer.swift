@@ -14,6 +14,8 @@ extension IOLoop {
         /// After a request was given up on (timed out, cancelled), its reply may still come: the
         /// socket is read until then, so that it is counted as late.
         var lateUntil: UInt64 = 0
+        /// Why the last CURVE handshake with the server failed, until one succeeds.
+        var handshakeFailure: String?
 
         /// Whether the loop watches the socket: only while a reply is expected. Every socket in
         /// the set costs each turn of the loop a look at its mailbox (two system calls), and a
@@ -74,9 +76,11 @@ extension IOLoop {
                 try socket.set(ZMQ_RCVHWM, Int32(0))
                 try socket.set(ZMQ_MAXMSGSIZE, Int64(clamping: configuration.maxReplyFrameBytes))
                 try secureClient(socket, to: endpoint)
+                try watch(socket, as: .dealer(endpoint), events: Self.handshakeEvents)
                 try socket.connect(endpoint)
             }
         } catch {
+            dropMonitor(.dealer(endpoint))
             finish(.failure(error))
             return nil
         }
@@ -205,7 +209,7 @@ extension IOLoop {
                 untrack(next.id, givenUp: false)
                 touchedDealers.insert(entry.endpoint)
                 finisher(entry.waiter)(
-                    .failure(ServiceError(.noResponder, "Nothing answers at \(entry.endpoint). Is the service running?")))
+                    .failure(ServiceError(.noResponder, noResponderMessage(entry.endpoint))))
             } else if entry.unsent == nil, entry.deadline <= now {
                 untrack(next.id, givenUp: true)
                 finisher(entry.waiter)(
@@ -259,5 +263,15 @@ enum ReplySink: Sendable {
     var isFinished: Bool {
         if case .waiter(let waiter) = self { return waiter.isFinished }
         return false
+    }
+}
+
+extension IOLoop {
+    /// Why a request found nobody to take it.
+    func noResponderMessage(_ endpoint: Endpoint) -> String {
+        guard let why = dealers[endpoint]?.handshakeFailure else {
+            return "Nothing answers at \(endpoint). Is the service running?"
+        }
+        return "Nothing answers at \(endpoint): the CURVE handshake with it failed: \(why)"
     }
 }

@@ -5,6 +5,8 @@ extension IOLoop {
     struct Publisher {
         var socket: Socket
         var endpoint: Endpoint
+        /// Its subscribers' connections, by descriptor (see `IOLoop+Monitor.swift`).
+        var connections: [Int32: SubscriberConnection] = [:]
     }
 
     func bindPublisher(id: UInt64, endpoint: Endpoint, done: CheckedContinuation<Void, any Error>) {
@@ -17,6 +19,11 @@ extension IOLoop {
                 try socket.bind(endpoint)
             }
             publishers[id] = Publisher(socket: socket, endpoint: endpoint)
+            do {
+                try watch(socket, as: .publisher(id), events: Self.connectionEvents | Self.handshakeFailed)
+            } catch {
+                logger.warning("\(error.message) Subscribers that do not read will not be named.")
+            }
             done.resume()
         } catch {
             done.resume(throwing: error)

@@ -91,6 +91,10 @@ extension IOLoop {
                     refused(
                         address: address, key: key, domain: domain,
                         why: key == nil ? "it offered no CURVE key (\(mechanism))" : "its key is not in the keys directory")
+                } else if let known = identity, domain.hasPrefix(Self.followDomain) {
+                    // A slow subscriber's log line names the keys that follow from its host.
+                    if followers.count > 1_000 { followers.removeAll() }
+                    followers[domain, default: [:]][address, default: []].insert(known)
                 }
                 let reply: [Data] = [
                     version, requestID, Data((identity == nil ? "400" : "200").utf8),

@@ -41,6 +41,11 @@ extension IOLoop {
                 try socket.bind(endpoint)
             }
             servers[id] = Server(socket: socket, endpoint: endpoint, limits: limits, sink: sink)
+            do {
+                try watch(socket, as: .server(id), events: Self.handshakeFailed)
+            } catch {
+                logger.warning("\(error.message) Failed handshakes at \(endpoint) will not be logged.")
+            }
             pollDirty = true
             done.resume()
         } catch {
@@ -150,8 +155,13 @@ extension IOLoop {
         case .failed(let code) where code == EHOSTUNREACH:
             logger.debug("Reply dropped: the caller has gone", metadata: ["endpoint": "\(server.endpoint)"])
         case .wouldBlock:
+            // Its queue holds `replyHighWaterMark` replies already: logged once per connection.
+            queue.count { $0.droppedReplies += 1 }
+            guard let peer = route.first, slowCallers.insert(peer).inserted else { return }
+            if slowCallers.count > 10_000 { slowCallers.removeAll() }
             logger.warning(
-                "Reply dropped: the caller is not reading its replies", metadata: ["endpoint": "\(server.endpoint)"])
+                "Replies dropped: a caller of \(server.endpoint) is not reading its replies (\(configuration.replyHighWaterMark) are queued for it)",
+                metadata: ["endpoint": "\(server.endpoint)"])
         case .failed(let code):
             logger.warning(
                 "Sending a reply failed", metadata: ["endpoint": "\(server.endpoint)", "error": "\(zmqErrorText(code))"])

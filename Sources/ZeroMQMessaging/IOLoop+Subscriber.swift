@@ -14,9 +14,10 @@ extension IOLoop {
         do {
             let socket = try openSocket(ZMQ_SUB) { socket throws(ServiceError) in
                 try socket.set(ZMQ_MAXMSGSIZE, Int64(limits.transportCap))
-                // As deep as the publisher's queue for us: a burst is read late, not dropped.
-                try socket.set(ZMQ_RCVHWM, Int32(clamping: configuration.publishHighWaterMark))
+                // Deep, in this process's own memory: a burst is read late, not dropped.
+                try socket.set(ZMQ_RCVHWM, Int32(clamping: configuration.receiveHighWaterMark))
                 for topic in topics { try socket.subscribe(topic) }
+                try watch(socket, as: .subscriber(id), events: Self.handshakeEvents)
                 for endpoint in endpoints {
                     // Each connection takes the server key set just before it.
                     try secureClient(socket, to: endpoint)
@@ -27,6 +28,7 @@ extension IOLoop {
             pollDirty = true
             done.resume()
         } catch {
+            dropMonitor(.subscriber(id))
             sink.finish()
             done.resume(throwing: error)
         }

@@ -4,6 +4,9 @@ import Messaging
 /// When the loop stops: every socket and the context closed, and everyone still waiting told.
 extension IOLoop {
     func tearDown() {
+        // A monitor stops with the socket it watches; its reading end closes here.
+        for monitor in monitors.values { close(monitor, linger: 0, what: "socket monitor") }
+        monitors = [:]
         for publisher in publishers.values {
             close(publisher.socket, linger: Self.flushLinger, what: "publisher at \(publisher.endpoint)")
         }

@@ -19,6 +19,7 @@ final class IOLoop: @unchecked Sendable {
         case server(UInt64)
         case dealer(Endpoint)
         case zap
+        case monitor(Watched)
     }
 
     let context: UnsafeMutableRawPointer
@@ -64,6 +65,19 @@ final class IOLoop: @unchecked Sendable {
     /// directory changes (its modification time, as of `keysStamp`).
     var admitted: [CurveKey: String] = [:]
     var keysStamp: timespec?
+    /// The names of the keys admitted to follow a publisher (its ZAP domain), by the host they
+    /// came from: a slow subscriber's log line names them.
+    var followers: [String: [String: Set<String>]] = [:]
+
+    /// The sockets' monitors, by the socket they watch (see `IOLoop+Monitor.swift`).
+    var monitors: [Watched: Socket] = [:]
+    var monitorCount: UInt64 = 0
+    /// When the publishers' subscriber connections are next looked at; `.max` while none has any.
+    var nextSubscriberCheck: UInt64 = .max
+    /// Endpoints whose failed handshake was logged (until one succeeds).
+    var failedEndpoints: Set<String> = []
+    /// Callers (their routing ids) whose dropped replies were logged.
+    var slowCallers: Set<Data> = []
 
     /// Reused for every received frame.
     let scratch: UnsafeMutablePointer<zmq_msg_t>
@@ -153,6 +167,7 @@ final class IOLoop: @unchecked Sendable {
                 switch pollTargets[index] {
                 case .wake: more = false
                 case .zap: more = zap.map(drainZAP) ?? false
+                case .monitor(let watched): more = drainMonitor(watched)
                 case .subscriber(let id): more = drainSubscriber(id)
                 case .server(let id): more = drainServer(id)
                 case .dealer(let endpoint):
@@ -175,6 +190,7 @@ final class IOLoop: @unchecked Sendable {
             let after = monotonicNanoseconds()
             expireDeadlines(now: after)
             retireServers(now: after)
+            checkSubscribers(now: after)
         }
         tearDown()
     }
@@ -190,6 +206,7 @@ final class IOLoop: @unchecked Sendable {
         }
         add(nil, fd: queue.wakeFD, events: 0, .wake)
         if let zap { add(zap, fd: zap.notificationFD(), events: ZMQ_POLLIN, .zap) }
+        for (watched, monitor) in monitors { add(monitor, fd: monitor.notificationFD(), events: ZMQ_POLLIN, .monitor(watched)) }
         for (id, subscriber) in subscribers {
             add(subscriber.socket, fd: subscriber.socket.notificationFD(), events: ZMQ_POLLIN, .subscriber(id))
         }
@@ -214,7 +231,7 @@ final class IOLoop: @unchecked Sendable {
     /// Milliseconds until the nearest deadline, or -1 (wait for an event) when there is none.
     /// Computed before every wait, so without building arrays or applying key paths.
     private func pollTimeout(now: UInt64) -> Int {
-        var next = deadlines.first?.time ?? .max
+        var next = min(deadlines.first?.time ?? .max, nextSubscriberCheck)
         for server in retiring where server.closeAt < next { next = server.closeAt }
         if next == .max { return -1 }
         if next <= now { return 0 }
@@ -230,13 +247,16 @@ final class IOLoop: @unchecked Sendable {
         case .publish(let id, let message):
             publish(id: id, message: message)
         case .closePublisher(let id):
+            forgetConnections(of: id)
             if let publisher = publishers.removeValue(forKey: id) {
+                unwatch(publisher.socket, as: .publisher(id))
                 close(publisher.socket, linger: Self.flushLinger, what: "publisher at \(publisher.endpoint)")
             }
         case .subscribe(let id, let endpoints, let topics, let limits, let sink, let done):
             subscribe(id: id, endpoints: endpoints, topics: topics, limits: limits, sink: sink, done: done)
         case .closeSubscriber(let id):
             if let subscriber = subscribers.removeValue(forKey: id) {
+                unwatch(subscriber.socket, as: .subscriber(id))
                 close(subscriber.socket, linger: 0, what: "subscriber")
                 subscriber.sink.finish()
                 pollDirty = true
@@ -250,6 +270,7 @@ final class IOLoop: @unchecked Sendable {
             // not the last bytes in flight), so the socket stays open, unread, for a short
             // grace, and then closes with a linger as well.
             if let server = servers.removeValue(forKey: id) {
+                unwatch(server.socket, as: .server(id))
                 server.sink.finish()
                 retiring.append((server.socket, server.endpoint, monotonicNanoseconds() + Self.retireGrace))
                 pollDirty = true

@@ -39,12 +39,24 @@ public final class ZeroMQBus: MessageBus, Service {
         public var connectGrace: Duration = .milliseconds(300)
         /// The largest reply frame accepted (`ZMQ_MAXMSGSIZE` on the requesting side).
         public var maxReplyFrameBytes: Int = 64 * 1024 * 1024
-        /// Replies a server queues for one caller that does not read them before dropping more.
-        public var replyHighWaterMark: Int = 100_000
+        /// Replies a server queues for one caller that does not read them before dropping more
+        /// (counted in ``BusStatistics/droppedReplies``). What a caller that stops reading costs
+        /// its server is bounded by this many of that service's replies.
+        public var replyHighWaterMark: Int = 10_000
         /// Events a publisher queues for one subscriber that does not read them before dropping
-        /// more for it (libzmq's default, 1,000, drops within a burst of one group commit; a
-        /// subscriber recovers what was dropped with `events.after`).
-        public var publishHighWaterMark: Int = 100_000
+        /// more for it alone; a subscriber recovers what was dropped with `events.after`. What a
+        /// subscriber that stops reading costs its publisher is bounded by this many events
+        /// (ours are under 1 KiB) and its connection's kernel send buffer. libzmq's default,
+        /// 1,000, drops within a burst of one group commit while the subscriber is reading.
+        public var publishHighWaterMark: Int = 10_000
+        /// Events a subscriber's socket holds from each publisher until this process reads them:
+        /// its own memory, so deep enough that a burst is read late rather than dropped.
+        public var receiveHighWaterMark: Int = 100_000
+        /// How full a subscriber's connection may stay (bytes waiting in its kernel send
+        /// queue, at two checks a second apart) before the publisher names it as not reading
+        /// (``BusStatistics/slowSubscribers``). A reading subscriber empties it within
+        /// milliseconds; one that stops reading keeps it full (about 4 MiB on loopback).
+        public var slowSubscriberBytes: Int = 1024 * 1024
         /// CURVE keys: with them, every `tcp://` and `ipc://` socket is encrypted, servers prove
         /// their identity and admit only known clients (see ``BusKeys``). `nil`: plain sockets.
         public var keys: BusKeys?

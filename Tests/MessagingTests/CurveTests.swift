@@ -91,7 +91,7 @@ struct CurveTests {
         return ZeroMQBus(source: identity, logger: Self.quiet, configuration: configuration)
     }
 
-    @Test("a client whose key the server does not know gets noResponder, and the server counts the refusal")
+    @Test("a client whose key the server does not know gets noResponder saying so, and the server counts the refusal")
     func unknownClient() async throws {
         let serverKeys = try CurveKeyPair.generate(), known = try CurveKeyPair.generate(), stranger = try CurveKeyPair.generate()
         let server = bus("server", own: serverKeys, server: serverKeys, admitting: [known.publicKey: "known"])
@@ -101,6 +101,7 @@ struct CurveTests {
         let serving = Task { for await _ in requests { received.withLock { $0 += 1 } } }
         let error = await serviceError { try await outsider.request(try echoRequest("let me in"), to: endpoint, timeout: .seconds(5)) }
         #expect(error?.code == .noResponder)
+        #expect(error?.message.contains("the server refused this process's key") == true, "and why: \(error?.message ?? "")")
         await eventually { server.statistics.refusedHandshakes >= 1 }
         #expect(received.withLock { $0 } == 0)
         serving.cancel()
@@ -151,6 +152,8 @@ struct CurveTests {
             try await caller.request(try echoRequest("the service token is hunter2"), to: endpoint, timeout: .seconds(5))
         }
         #expect(error?.code == .noResponder, "the caller is told, not left hanging")
+        #expect(error?.message.contains("the CURVE handshake with it failed") == true, "and why: \(error?.message ?? "")")
+        #expect(caller.statistics.failedHandshakes >= 1, "the caller counts the failed handshake")
         #expect(received.withLock { $0 } == 0, "the squatter got no request")
         serving.cancel()
         await caller.shutdown()

@@ -106,7 +106,8 @@ struct MessageBusContractTests {
             let (endpoint, _) = try await buses.startServer { request in
                 request.fail(ServiceError("userNotFound", "No such person.", reason: "unknownUid"), source: "server")
             }
-            let reply = try await buses.client.request(try echoRequest("who?"), to: endpoint, timeout: .seconds(5))
+            // 30 s: a failure bound only (a full parallel run on two cores once took over 5 s).
+            let reply = try await buses.client.request(try echoRequest("who?"), to: endpoint, timeout: .seconds(30))
             #expect(reply.header.type == ServiceError.messageType)
             #expect(reply.serviceError == ServiceError("userNotFound", "No such person.", reason: "unknownUid"))
         }
