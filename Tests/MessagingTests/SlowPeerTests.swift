@@ -18,7 +18,7 @@ struct SlowPeerTests {
         let publishing = ZeroMQBus(source: "publisher", logger: log.logger, configuration: configuration)
         let (endpoint, publisher) = try await bindRetrying { try await publishing.publisher(at: $0) }
         let stop = StopFlag()
-        let stalled = await startStalledSubscriber(to: endpoint, stop: stop)
+        let stalled = await startStalledPeer(ZMQ_SUB, to: endpoint, stop: stop)
         let reading = ZeroMQBus(source: "reader", logger: Logger(label: "test.quiet") { _ in SwiftLogNoOpLogHandler() })
         let stream = try await reading.subscribe(to: [endpoint], topics: ["t"], limits: MessageLimits(queueLimit: 10_000))
         var events = stream.makeAsyncIterator()
@@ -57,6 +57,34 @@ struct SlowPeerTests {
         await reading.shutdown()
         await publishing.shutdown()
     }
+
+    @Test("a caller that never reads its replies costs its server a bounded queue, counted and logged once; others are answered")
+    func silentCaller() async throws {
+        let log = LogLines()
+        var configuration = ZeroMQBus.Configuration()
+        configuration.replyHighWaterMark = 10
+        let serving = ZeroMQBus(source: "server", logger: log.logger, configuration: configuration)
+        let large = try echoRequest(String(repeating: "y", count: 64 * 1024))
+        let (endpoint, registration) = try await bindRetrying { endpoint in
+            try await serving.serve(at: endpoint, limits: MessageLimits(), onLoop: { batch in
+                for raw in batch { raw.reply(large) }
+            })
+        }
+        // 64 KiB replies to 2,000 requests: far more than the caller's connection holds.
+        let stop = StopFlag()
+        let request = [Data(), try echoRequest("hi").body]
+        let silent = await startStalledPeer(ZMQ_DEALER, to: endpoint, stop: stop, sending: request, times: 2_000)
+        await eventually(within: .seconds(20)) { serving.statistics.droppedReplies >= 1 }
+        #expect(log.contains("Replies dropped: a caller of \(endpoint) is not reading its replies"))
+        let other = ZeroMQBus(source: "other", logger: Logger(label: "test.quiet") { _ in SwiftLogNoOpLogHandler() })
+        let reply = try await other.request(try echoRequest("me too"), to: endpoint, timeout: .seconds(30))
+        #expect(reply.body.count > 64 * 1024, "another caller is answered")
+        stop.set()
+        await silent.value
+        registration.close()
+        await other.shutdown()
+        await serving.shutdown()
+    }
 }
 
 /// Collects a logger's lines.
@@ -87,13 +115,16 @@ final class LogLines: Sendable {
     }
 }
 
-/// A raw SUB socket on its own thread and context that subscribes to everything at `endpoint`
-/// and never reads, with the smallest queues, until `stop` is set. Returns once it is connected.
-func startStalledSubscriber(to endpoint: Endpoint, stop: StopFlag) async -> Task<Void, Never> {
+/// A raw socket of `type` (SUB or DEALER) on its own thread and context, with the smallest
+/// queues, that never reads: a SUB subscribes to everything; a DEALER sends `frames` `times`
+/// times. Holds its connection open until `stop` is set; returns once it is connected.
+func startStalledPeer(
+    _ type: Int32, to endpoint: Endpoint, stop: StopFlag, sending frames: [Data] = [], times: Int = 0
+) async -> Task<Void, Never> {
     let (started, startedSink) = AsyncStream.makeStream(of: Void.self)
     let (finished, finishedSink) = AsyncStream.makeStream(of: Void.self)
     let thread = Thread {
-        stallBlocking(endpoint.rawValue, stop: stop) { startedSink.finish() }
+        stallBlocking(type, endpoint.rawValue, stop: stop, frames: frames, times: times) { startedSink.finish() }
         finishedSink.finish()
     }
     thread.start()
@@ -101,11 +132,13 @@ func startStalledSubscriber(to endpoint: Endpoint, stop: StopFlag) async -> Task
     return Task { for await _ in finished {} }
 }
 
-private func stallBlocking(_ endpoint: String, stop: StopFlag, started: () -> Void) {
+private func stallBlocking(
+    _ type: Int32, _ endpoint: String, stop: StopFlag, frames: [Data], times: Int, started: () -> Void
+) {
     defer { started() }
     guard let context = zmq_ctx_new() else { return }
     defer { zmq_ctx_term(context) }
-    guard let socket = zmq_socket(context, ZMQ_SUB) else { return }
+    guard let socket = zmq_socket(context, type) else { return }
     defer { zmq_close(socket) }
     var option: Int32 = 0
     zmq_setsockopt(socket, ZMQ_LINGER, &option, MemoryLayout<Int32>.size)
@@ -113,9 +146,15 @@ private func stallBlocking(_ endpoint: String, stop: StopFlag, started: () -> Vo
     zmq_setsockopt(socket, ZMQ_RCVHWM, &option, MemoryLayout<Int32>.size)
     option = 4096
     zmq_setsockopt(socket, ZMQ_RCVBUF, &option, MemoryLayout<Int32>.size)
-    zmq_setsockopt(socket, ZMQ_SUBSCRIBE, "", 0)
+    if type == ZMQ_SUB { zmq_setsockopt(socket, ZMQ_SUBSCRIBE, "", 0) }
     guard zmq_connect(socket, endpoint) == 0 else { return }
     started()
-    // The thread only holds the socket open; it never reads.
+    for _ in 0..<times {
+        for (index, frame) in frames.enumerated() {
+            let flags = ZMQ_DONTWAIT | (index < frames.count - 1 ? ZMQ_SNDMORE : 0)
+            _ = frame.withUnsafeBytes { zmq_send(socket, $0.baseAddress, $0.count, flags) }
+        }
+    }
+    // Then it only holds the socket open; it never reads.
     while !stop.isSet { usleep(10_000) }
 }
