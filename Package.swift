@@ -55,6 +55,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-configuration", from: "1.4.0"),
         .package(url: "https://github.com/apple/swift-system", from: "1.8.1"),
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+        .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
     ],
     targets: [
         // MARK: Messaging
@@ -117,6 +118,29 @@ let package = Package(
         .testTarget(
             name: "OnboardingAPITests",
             dependencies: ["OnboardingAPI", "FuzzKit", "Messaging"]
+        ),
+
+        // MARK: The PostgreSQL store
+
+        // What every service's PostgreSQL store shares: where the database is (a URL), versioned
+        // migrations that two replicas may run at once, and the outbox with dense sequence
+        // numbers in commit order. Only executables and their tests link it: a user's tests of
+        // the in-process system never build postgres-nio.
+        .target(
+            name: "PostgresSupport",
+            dependencies: [
+                "Messaging", "OnboardingAPI", "ServiceRuntime",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(
+            name: "PostgresTests",
+            dependencies: [
+                "PostgresSupport", "Messaging", "OnboardingAPI", "ServiceRuntime",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
 
         // MARK: Shared service plumbing

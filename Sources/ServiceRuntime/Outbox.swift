@@ -221,7 +221,7 @@ extension Outbox {
         /// The `createdAt` text below which events are too old at `now`.
         ///
         /// `createdAt` is RFC 3339 in UTC with milliseconds, so text order is time order.
-        func cutoff(now: Date) -> String {
+        package func cutoff(now: Date) -> String {
             let (seconds, attoseconds) = maxAge.components
             return Timestamp.format(now.addingTimeInterval(-(Double(seconds) + Double(attoseconds) / 1e18)))
         }
@@ -233,7 +233,7 @@ extension Outbox {
         ///   - oldest: the oldest sequence kept; `newest`: the newest.
         ///   - chunkEnd: the last sequence this step may reach (it bounds the transaction).
         ///   - firstYoung: the oldest sequence up to `chunkEnd` that is not too old (`nil`: none).
-        func pruneBound(oldest: Int64, newest: Int64, chunkEnd: Int64, firstYoung: Int64?) -> Int64? {
+        package func pruneBound(oldest: Int64, newest: Int64, chunkEnd: Int64, firstYoung: Int64?) -> Int64? {
             let beyondCount = newest - Int64(max(0, maxEvents))
             let beyondAge = (firstYoung ?? (chunkEnd + 1)) - 1
             let bound = min(chunkEnd, max(beyondCount, beyondAge))

@@ -1,0 +1,205 @@
+import Foundation
+import Logging
+import Messaging
+import OnboardingAPI
+import PostgresNIO
+import ServiceRuntime
+
+/// The transactional outbox on PostgreSQL: what ``Outbox`` is on SQLite, for several writers.
+///
+/// An event is written in the transaction of the change it reports and published after that
+/// transaction commits. Its sequence number comes from the one row of `outbox_head`, which an
+/// appending transaction updates (and so locks) until it ends: transactions that record events
+/// take turns from their first event to their commit, whichever process or replica runs them.
+/// So numbers are dense (a rolled-back transaction gives its numbers back) and become visible in
+/// order: a reader never sees event n before n-1, and `events.after` never skips one. The cost:
+/// one service's event-writing transactions commit one after another, so they should be few and
+/// large (batch what queued meanwhile), as on SQLite.
+///
+/// `outbox_head` also keeps the newest number ever assigned once pruning has removed every row,
+/// so numbers are never reused.
+///
+/// Thread safety: immutable; each method works on the connection it is given.
+public struct PostgresOutbox: Sendable {
+    public let source: String
+
+    public init(source: String) {
+        self.source = source
+    }
+
+    /// Adds the `outbox` and `outbox_head` tables to `migrator`.
+    public static func registerMigration(in migrator: inout PostgresMigrator) {
+        migrator.register(
+            "outbox-v1",
+            [
+                """
+                CREATE TABLE outbox (
+                  sequence bigint PRIMARY KEY,
+                  type text NOT NULL,
+                  topic text NOT NULL,
+                  uid text,
+                  envelope text NOT NULL,
+                  created_at text NOT NULL)
+                """,
+                "CREATE TABLE outbox_head (id int PRIMARY KEY CHECK (id = 1), sequence bigint NOT NULL)",
+                "INSERT INTO outbox_head (id, sequence) VALUES (1, 0)",
+            ])
+    }
+
+    /// An event to record: everything but its sequence number, which the append assigns.
+    public struct Recording: Sendable {
+        public var type: String
+        public var topic: String
+        public var uid: String?
+        public var time: String
+        let envelope: @Sendable (EnvelopeHeader) throws -> Data
+        let correlationId: String?
+
+        public init<Event: APIEvent>(
+            _ event: Event, uid: String?, correlationId: String? = nil, topic: String? = nil, time: String? = nil
+        ) {
+            self.type = Event.type
+            self.topic = topic ?? Event.type
+            self.uid = uid
+            self.time = time ?? Timestamp.now()
+            self.correlationId = correlationId
+            self.envelope = { header in try Envelope(header: header, payload: event).encoded() }
+        }
+    }
+
+    /// Records `events` in the transaction open on `connection`, numbered on from the last
+    /// event of the service, and returns them as messages to publish once it has committed
+    /// (and to drop if it rolls back).
+    public func append(
+        _ events: [Recording], on connection: PostgresConnection, logger: Logger
+    ) async throws -> [OutgoingMessage] {
+        guard !events.isEmpty else { return [] }
+        let count = Int64(events.count)
+        let rows = try await connection.query(
+            "UPDATE outbox_head SET sequence = sequence + \(count) WHERE id = 1 RETURNING sequence", logger: logger)
+        var last: Int64?
+        for try await sequence in rows.decode(Int64.self) { last = sequence }
+        guard let last else { throw ServiceError(.storeUnavailable, "The outbox has no head row: was it migrated?") }
+        let first = last - count + 1
+        var sequences: [Int64] = [], types: [String] = [], topics: [String] = [], uids: [String] = []
+        var envelopes: [String] = [], times: [String] = []
+        var messages: [OutgoingMessage] = []
+        for (offset, event) in events.enumerated() {
+            let sequence = first + Int64(offset)
+            let header = EnvelopeHeader(
+                type: event.type, source: source, sequence: UInt64(sequence), time: event.time,
+                correlationId: event.correlationId, uid: event.uid)
+            let body = try event.envelope(header)
+            sequences.append(sequence)
+            types.append(event.type)
+            topics.append(event.topic)
+            uids.append(event.uid ?? "")
+            envelopes.append(String(decoding: body, as: UTF8.self))
+            times.append(event.time)
+            messages.append(OutgoingMessage(topic: event.topic, body: body))
+        }
+        try await connection.query(
+            """
+            INSERT INTO outbox (sequence, type, topic, uid, envelope, created_at)
+            SELECT s, t, p, NULLIF(u, ''), e, c
+            FROM unnest(\(sequences)::bigint[], \(types)::text[], \(topics)::text[], \(uids)::text[], \(envelopes)::text[], \(times)::text[])
+              AS x(s, t, p, u, e, c)
+            """,
+            logger: logger)
+        return messages
+    }
+
+    // MARK: Replay
+
+    /// The events recorded after `sequence`, oldest first, with the bounds of what is kept, from
+    /// one snapshot (one statement): at most `limit` (by default ``Outbox/defaultPageSize``, never
+    /// more than ``EventsAfter/maximumLimit``).
+    ///
+    /// - Throws: ``ServiceError`` `invalidRequest` when `limit` is below 1; database errors.
+    public static func events(
+        after sequence: UInt64, limit: Int? = nil, on connection: PostgresConnection, logger: Logger
+    ) async throws -> EventPage {
+        if let limit, limit < 1 {
+            throw ServiceError(
+                .invalidRequest,
+                "limit must be at least 1 (or left out for \(Outbox.defaultPageSize)); it was \(limit).")
+        }
+        let pageSize = Int64(min(limit ?? Outbox.defaultPageSize, EventsAfter.maximumLimit))
+        let after = Int64(clamping: sequence)
+        let rows = try await connection.query(
+            """
+            WITH page AS (
+              SELECT sequence, topic, envelope FROM outbox WHERE sequence > \(after) ORDER BY sequence LIMIT \(pageSize))
+            SELECT h.sequence, coalesce((SELECT min(sequence) FROM outbox), 0), p.sequence, p.topic, p.envelope
+            FROM outbox_head h LEFT JOIN page p ON true
+            WHERE h.id = 1
+            ORDER BY p.sequence
+            """,
+            logger: logger)
+        var page = EventPage(events: [], firstSequence: 0, lastSequence: 0)
+        for try await (last, first, eventSequence, topic, envelope) in rows.decode((Int64, Int64, Int64?, String?, String?).self) {
+            page.lastSequence = UInt64(clamping: last)
+            page.firstSequence = UInt64(clamping: first)
+            if let eventSequence, let topic, let envelope {
+                page.events.append(RecordedEvent(sequence: UInt64(clamping: eventSequence), topic: topic, envelope: envelope))
+            }
+        }
+        return page
+    }
+
+    /// The newest sequence number assigned (0 before the first event), pruned rows and all.
+    public static func lastSequence(on connection: PostgresConnection, logger: Logger) async throws -> UInt64 {
+        let rows = try await connection.query("SELECT sequence FROM outbox_head WHERE id = 1", logger: logger)
+        var last: Int64 = 0
+        for try await sequence in rows.decode(Int64.self) { last = sequence }
+        return UInt64(clamping: last)
+    }
+
+    // MARK: Retention
+
+    /// Deletes the events `retention` no longer keeps, oldest first, at most `chunkSize`
+    /// numbers per transaction (as ``Outbox/prune(_:now:chunkSize:in:)`` does on SQLite). It
+    /// never takes `outbox_head`'s lock, so writers do not wait for it.
+    ///
+    /// - Returns: how many events were deleted.
+    @discardableResult
+    public static func prune(
+        _ retention: Outbox.Retention, now: Date = Date(), chunkSize: Int = 10_000, client: PostgresClient,
+        logger: Logger
+    ) async throws -> Int {
+        let cutoff = retention.cutoff(now: now)
+        let chunk = Int64(max(1, chunkSize))
+        var deleted = 0
+        while true {
+            try Task.checkCancellation()
+            let (count, more) = try await client.withTransaction(logger: logger) { connection -> (Int, Bool) in
+                let bounds = try await connection.query(
+                    "SELECT min(sequence), max(sequence) FROM outbox", logger: logger)
+                var oldest: Int64?, newest: Int64?
+                for try await (low, high) in bounds.decode((Int64?, Int64?).self) { (oldest, newest) = (low, high) }
+                guard let oldest, let newest else { return (0, false) }
+                let chunkEnd = oldest + chunk - 1
+                var firstYoung: Int64?
+                let young = try await connection.query(
+                    """
+                    SELECT sequence FROM outbox WHERE sequence BETWEEN \(oldest) AND \(chunkEnd) AND created_at >= \(cutoff)
+                    ORDER BY sequence LIMIT 1
+                    """,
+                    logger: logger)
+                for try await sequence in young.decode(Int64.self) { firstYoung = sequence }
+                guard
+                    let bound = retention.pruneBound(
+                        oldest: oldest, newest: newest, chunkEnd: chunkEnd, firstYoung: firstYoung)
+                else { return (0, false) }
+                let gone = try await connection.query(
+                    "WITH gone AS (DELETE FROM outbox WHERE sequence <= \(bound) RETURNING 1) SELECT count(*) FROM gone",
+                    logger: logger)
+                var count: Int64 = 0
+                for try await rows in gone.decode(Int64.self) { count = rows }
+                return (Int(count), bound == chunkEnd && bound < newest)
+            }
+            deleted += count
+            if !more { return deleted }
+        }
+    }
+}

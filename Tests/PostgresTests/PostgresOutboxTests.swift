@@ -1,0 +1,173 @@
+import Foundation
+import Logging
+import Messaging
+import OnboardingAPI
+import PostgresNIO
+import PostgresSupport
+import ServiceRuntime
+import Synchronization
+import Testing
+
+/// The database the tests use: `./compose/onboarding test` starts a private cluster and sets it.
+let testDatabaseURL = ProcessInfo.processInfo.environment["ONBOARDING_TEST_POSTGRES_URL"]
+
+let quietLogger: Logger = {
+    var logger = Logger(label: "test.postgres")
+    logger.logLevel = .critical
+    return logger
+}()
+
+/// Runs `body` with a client whose tables live in a fresh schema, dropped afterwards.
+func withTestSchema<T: Sendable>(
+    _ body: @Sendable (PostgresClient, PostgresLocation) async throws -> T
+) async throws -> T {
+    let url = try #require(testDatabaseURL, "ONBOARDING_TEST_POSTGRES_URL is not set")
+    let schema = "t_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "").prefix(24)
+    let location = try PostgresLocation(url: url, schema: String(schema))
+    let client = PostgresClient(
+        configuration: location.clientConfiguration(applicationName: "onboarding-tests"), backgroundLogger: quietLogger)
+    return try await withThrowingTaskGroup(of: Void.self) { group in
+        group.addTask { await client.run() }
+        defer { group.cancelAll() }
+        let result: Result<T, any Error>
+        do { result = .success(try await body(client, location)) } catch { result = .failure(error) }
+        try await client.query(PostgresQuery(unsafeSQL: "DROP SCHEMA IF EXISTS \(schema) CASCADE"), logger: quietLogger)
+        return try result.get()
+    }
+}
+
+func migratedOutbox(_ client: PostgresClient, _ location: PostgresLocation) async throws {
+    var migrator = try PostgresMigrator(schema: location.schema)
+    PostgresOutbox.registerMigration(in: &migrator)
+    try await migrator.migrate(client, logger: quietLogger)
+}
+
+/// Appends `count` events in one transaction and returns their sequence numbers as published.
+func append(_ count: Int, to outbox: PostgresOutbox, client: PostgresClient) async throws -> [UInt64] {
+    let messages = try await client.withTransaction(logger: quietLogger) { connection in
+        try await outbox.append(
+            (0..<count).map { _ in PostgresOutbox.Recording(SignedOut(uid: "u1"), uid: "u1") }, on: connection,
+            logger: quietLogger)
+    }
+    return try messages.map { try Message(topic: $0.topic, body: $0.body).header.sequence }
+}
+
+@Suite("PostgreSQL: migrations and the outbox", .enabled(if: testDatabaseURL != nil), .timeLimit(.minutes(1)))
+struct PostgresOutboxTests {
+    @Test("two replicas migrating at once: one applies every migration, the other finds them applied")
+    func concurrentMigrations() async throws {
+        try await withTestSchema { client, location in
+            var migrator = try PostgresMigrator(schema: location.schema)
+            PostgresOutbox.registerMigration(in: &migrator)
+            migrator.register("second", ["CREATE TABLE thing (id int PRIMARY KEY)"])
+            async let first = migrator.migrate(client, logger: quietLogger)
+            async let second = migrator.migrate(client, logger: quietLogger)
+            let applied = try await [first, second].sorted { $0.count < $1.count }
+            #expect(applied == [[], ["outbox-v1", "second"]])
+            #expect(try await migrator.migrate(client, logger: quietLogger).isEmpty, "a restart applies nothing")
+        }
+    }
+
+    @Test("appends from concurrent transactions get dense numbers, and a reader never sees one before the one below it")
+    func denseSequences() async throws {
+        try await withTestSchema { client, location in
+            try await migratedOutbox(client, location)
+            let outbox = PostgresOutbox(source: "auth")
+            let (writers, transactions) = (4, 60)
+            func size(_ writer: Int, _ transaction: Int) -> Int { (writer + transaction) % 3 + 1 }
+            let expected = (0..<writers).flatMap { w in (0..<transactions).map { size(w, $0) } }.reduce(0, +)
+            // A reader pages through what is visible while the writers run: every page continues
+            // exactly where the previous one ended.
+            let reader = Task {
+                var cursor: UInt64 = 0
+                var pages = 0
+                while cursor < UInt64(expected) {
+                    let page = try await client.withConnection { connection in
+                        try await PostgresOutbox.events(after: cursor, limit: 50, on: connection, logger: quietLogger)
+                    }
+                    for event in page.events {
+                        #expect(event.sequence == cursor + 1, "no number is skipped or seen early")
+                        cursor = event.sequence
+                    }
+                    #expect(page.lastSequence >= cursor)
+                    pages += 1
+                }
+                return pages
+            }
+            let published = try await withThrowingTaskGroup(of: [UInt64].self) { group in
+                for writer in 0..<writers {
+                    group.addTask {
+                        var numbers: [UInt64] = []
+                        for transaction in 0..<transactions {
+                            numbers += try await append(size(writer, transaction), to: outbox, client: client)
+                        }
+                        return numbers
+                    }
+                }
+                return try await group.reduce(into: []) { $0 += $1 }
+            }
+            #expect(published.sorted() == Array(1...UInt64(expected)), "numbers are dense, none used twice")
+            #expect(try await reader.value > 1, "the reader paged while the writers wrote")
+        }
+    }
+
+    @Test("a page names what is kept; pruning keeps the numbering, and a limit below 1 is refused")
+    func pagesAndPruning() async throws {
+        try await withTestSchema { client, location in
+            try await migratedOutbox(client, location)
+            let outbox = PostgresOutbox(source: "auth")
+            #expect(try await append(10, to: outbox, client: client) == Array(1...10))
+            let page = try await client.withConnection { connection in
+                try await PostgresOutbox.events(after: 2, limit: 3, on: connection, logger: quietLogger)
+            }
+            #expect(page.events.map(\.sequence) == [3, 4, 5])
+            #expect(page.firstSequence == 1 && page.lastSequence == 10)
+            let envelope = try #require(page.events.first?.envelope)
+            #expect(try Message(topic: "auth.signedOut", body: Data(envelope.utf8)).header.sequence == 3)
+
+            let kept = Outbox.Retention(maxAge: .seconds(3600), maxEvents: 4)
+            #expect(try await PostgresOutbox.prune(kept, client: client, logger: quietLogger) == 6)
+            let after = try await client.withConnection { connection in
+                try await PostgresOutbox.events(after: 0, on: connection, logger: quietLogger)
+            }
+            #expect(after.events.map(\.sequence) == [7, 8, 9, 10] && after.firstSequence == 7)
+
+            let none = Outbox.Retention(maxAge: .seconds(3600), maxEvents: 0)
+            #expect(try await PostgresOutbox.prune(none, client: client, logger: quietLogger) == 4)
+            let empty = try await client.withConnection { connection in
+                try await PostgresOutbox.events(after: 0, on: connection, logger: quietLogger)
+            }
+            #expect(empty.events.isEmpty && empty.firstSequence == 0 && empty.lastSequence == 10)
+            #expect(try await append(1, to: outbox, client: client) == [11], "numbers are never reused")
+
+            await #expect(throws: ServiceError.self) {
+                try await client.withConnection { connection in
+                    try await PostgresOutbox.events(after: 0, limit: 0, on: connection, logger: quietLogger)
+                }
+            }
+        }
+    }
+}
+
+@Suite("PostgreSQL: where the database is")
+struct PostgresLocationTests {
+    @Test("a URL gives host, port, user, database and TLS; a socket directory comes from host=")
+    func reads() throws {
+        let tcp = try PostgresLocation(url: "postgresql://app:s%40cret@db.internal:6432/onboarding?sslmode=require", schema: "auth")
+        #expect(tcp.host == "db.internal" && tcp.port == 6432 && tcp.username == "app" && tcp.password == "s@cret")
+        #expect(tcp.database == "onboarding" && tcp.tls == .require && tcp.schema == "auth" && tcp.socketDirectory == nil)
+        #expect(!tcp.description.contains("s@cret") && !tcp.description.contains("cret"), "the password is never shown")
+        let socket = try PostgresLocation(url: "postgresql://onboarding@localhost:7590/onboarding?host=/run/pg", schema: "profile")
+        #expect(socket.socketDirectory == "/run/pg" && socket.port == 7590 && socket.tls == .prefer)
+    }
+
+    @Test("a URL or schema that cannot be used is refused with what to write instead")
+    func refuses() {
+        for url in ["mysql://a@b/c", "postgresql://host/db", "postgresql://a@host/", "postgresql://a@h/db?sslmode=maybe"] {
+            #expect(throws: ServiceError.self, "\(url)") { try PostgresLocation(url: url, schema: "auth") }
+        }
+        for schema in ["", "Auth", "1st", "a-b", "a;drop", String(repeating: "a", count: 64)] {
+            #expect(throws: ServiceError.self, "\(schema)") { try PostgresLocation(url: "postgresql://a@h/db", schema: schema) }
+        }
+    }
+}
