@@ -4,6 +4,7 @@ import Messaging
 import OnboardingAPI
 import OnboardingTesting
 import ServiceRuntime
+import Synchronization
 import Testing
 import ZeroMQMessaging
 
@@ -186,6 +187,51 @@ struct ZeroMQSystemTests {
             }
             #expect(refused > before, "auth refused the subscription of a key that may not follow it")
             _ = events
+        }
+    }
+
+    @Test("a squatter on each service's port, bound while the service is down, gets no request; callers get a typed error")
+    func squatters() async throws {
+        try await RunningSystem.run { bus, system in
+            let e = system.endpoints
+            let token = try ServiceTokenFile(directory: system.directory.path).readOrCreate()
+            // The squatter admits every key of the deployment (public keys are readable by anyone).
+            let admitted = try BusKeys.clients(in: system.directory.appendingPathComponent("keys").path)
+            let services = [("auth", e.authRPC), ("profile", e.profileRPC), ("image-upload", e.imageRPC), ("orchestrator", e.orchestratorRPC)]
+            for (index, (name, endpoint)) in services.enumerated() {
+                let process = system.processes[index]
+                process.terminate()
+                while process.isRunning { try await Task.sleep(for: .milliseconds(10)) }
+                let own = try CurveKeyPair.generate()
+                var configuration = ZeroMQBus.Configuration()
+                configuration.keys = BusKeys(identity: name, own: own, servers: [:], otherServers: own.publicKey, clients: admitted)
+                let squatter = ZeroMQBus(source: "squatter", logger: Logger(label: "squatter"), configuration: configuration)
+                var requests: AsyncStream<IncomingRequest>?
+                for _ in 0..<50 where requests == nil {
+                    do {
+                        requests = try await squatter.serve(at: endpoint, limits: MessageLimits())
+                    } catch let error as ServiceError where error.code == .addressInUse {
+                        try await Task.sleep(for: .milliseconds(20))
+                    }
+                }
+                let received = Mutex(0)
+                let serving = Task { for await _ in try #require(requests) { received.withLock { $0 += 1 } } }
+                let failedBefore = bus.statistics.failedHandshakes
+                do {
+                    _ = try await bus.call(HealthCheck(), to: endpoint, source: "test", serviceToken: token)
+                    Issue.record("the squatter on \(name)'s port answered")
+                } catch let error as ServiceError {
+                    #expect(error.code == .noResponder, "\(name): \(error)")
+                }
+                #expect(received.withLock { $0 } == 0, "the squatter on \(name)'s port got no request")
+                let deadline = ContinuousClock.now + .seconds(10)
+                while bus.statistics.failedHandshakes == failedBefore, ContinuousClock.now < deadline {
+                    try await Task.sleep(for: .milliseconds(10))
+                }
+                #expect(bus.statistics.failedHandshakes > failedBefore, "the caller counted the failed handshake with \(name)'s port")
+                serving.cancel()
+                await squatter.shutdown()
+            }
         }
     }
 
