@@ -297,11 +297,24 @@ public func withEventRetention<T: Sendable>(
     _ retention: Outbox.Retention, database: any DatabaseWriter, every interval: Duration = .seconds(60),
     logger: Logger, _ body: () async throws -> T
 ) async throws -> T {
+    try await withEventRetention(retention, every: interval, logger: logger, prune: {
+        try await Outbox.prune(retention, in: database)
+    }, body)
+}
+
+/// Runs `body` while `prune` removes what `retention` no longer keeps: once at start, then every
+/// `interval`, in a child task. Each store's outbox passes its own pruning.
+///
+/// A failed pruning is logged and tried again at the next interval.
+public func withEventRetention<T: Sendable>(
+    _ retention: Outbox.Retention, every interval: Duration = .seconds(60), logger: Logger,
+    prune: @escaping @Sendable () async throws -> Int, _ body: () async throws -> T
+) async throws -> T {
     try await withThrowingTaskGroup(of: Void.self) { group in
         group.addTask {
             repeat {
                 do {
-                    let deleted = try await Outbox.prune(retention, in: database)
+                    let deleted = try await prune()
                     if deleted > 0 {
                         logger.info("pruned \(deleted) events past the retention window (\(retention.maxAge), \(retention.maxEvents) events)")
                     }

@@ -8,6 +8,10 @@ import ServiceRuntime
 import Synchronization
 import Testing
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The database the tests use: `./compose/onboarding test` starts a private cluster and sets it.
 let testDatabaseURL = ProcessInfo.processInfo.environment["ONBOARDING_TEST_POSTGRES_URL"]
 
@@ -168,6 +172,92 @@ struct PostgresLocationTests {
         }
         for schema in ["", "Auth", "1st", "a-b", "a;drop", String(repeating: "a", count: 64)] {
             #expect(throws: ServiceError.self, "\(schema)") { try PostgresLocation(url: "postgresql://a@h/db", schema: schema) }
+        }
+    }
+}
+
+@Suite("PostgreSQL: the store's failures", .timeLimit(.minutes(1)))
+struct PostgresStoreTests {
+    /// A TCP port that accepts connections and never answers: a paused server.
+    final class SilentServer: Sendable {
+        let fd: Int32
+        let port: Int
+
+        init() throws {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            self.fd = fd
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            address.sin_port = 0
+            let bound = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            try #require(bound == 0 && listen(fd, 16) == 0)
+            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+            _ = withUnsafeMutablePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+            }
+            port = Int(UInt16(bigEndian: address.sin_port))
+        }
+
+        deinit { close(fd) }
+    }
+
+    @Test("a server that never answers costs a caller its timeout, then storeUnavailable; migrating against an unreachable one fails naming it")
+    func silentAndUnreachable() async throws {
+        let silent = try SilentServer()
+        let paused = PostgresStore(
+            location: try PostgresLocation(url: "postgresql://a@127.0.0.1:\(silent.port)/db?sslmode=disable", schema: "auth"),
+            applicationName: "test", timeout: .milliseconds(300), logger: quietLogger)
+        let running = Task { await paused.run() }
+        let started = ContinuousClock.now
+        await #expect(throws: ServiceError.self) { _ = try await paused.read { _ in 1 } }
+        let waited = ContinuousClock.now - started
+        #expect(waited >= .milliseconds(290) && waited < .seconds(5), "bounded by the timeout: \(waited)")
+        do {
+            _ = try await paused.transaction { _ in 1 }
+        } catch let error as ServiceError {
+            #expect(error.code == .storeUnavailable && error.message.contains("did not answer within"))
+        }
+        running.cancel()
+
+        let unreachable = PostgresStore(
+            location: try PostgresLocation(url: "postgresql://a@127.0.0.1:1/db?sslmode=disable", schema: "auth"),
+            applicationName: "test", timeout: .seconds(2), logger: quietLogger)
+        let runningToo = Task { await unreachable.run() }
+        var migrator = try PostgresMigrator(schema: "auth")
+        PostgresOutbox.registerMigration(in: &migrator)
+        do {
+            try await unreachable.migrate(migrator, patience: .milliseconds(300))
+            Issue.record("migrating against nothing succeeded")
+        } catch let error as ServiceError {
+            #expect(error.code == .storeUnavailable && error.message.contains("127.0.0.1:1/db"), "names where: \(error.message)")
+        }
+        runningToo.cancel()
+    }
+
+    @Test("the retention loop prunes a PostgreSQL outbox while the service runs", .enabled(if: testDatabaseURL != nil))
+    func retentionLoop() async throws {
+        try await withTestSchema { client, location in
+            try await migratedOutbox(client, location)
+            let outbox = PostgresOutbox(source: "auth")
+            _ = try await append(5, to: outbox, client: client)
+            let store = PostgresStore(location: location, applicationName: "test", logger: quietLogger)
+            let running = Task { await store.run() }
+            defer { running.cancel() }
+            let kept = Outbox.Retention(maxAge: .seconds(3600), maxEvents: 2)
+            try await withEventRetention(kept, postgres: store, every: .milliseconds(20)) {
+                let deadline = ContinuousClock.now + .seconds(10)
+                while ContinuousClock.now < deadline {
+                    let page = try await store.read { connection in
+                        try await PostgresOutbox.events(after: 0, on: connection, logger: quietLogger)
+                    }
+                    if page.firstSequence == 4 { return }
+                    try await Task.sleep(for: .milliseconds(20))
+                }
+                Issue.record("the outbox was not pruned to its last two events")
+            }
         }
     }
 }
