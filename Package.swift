@@ -56,6 +56,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-system", from: "1.8.1"),
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
     ],
     targets: [
         // MARK: Messaging
@@ -165,6 +166,8 @@ let package = Package(
         .target(
             name: "ServiceHosting",
             dependencies: [
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
                 "Messaging",
                 "OnboardingAPI",
                 "ZeroMQMessaging",

@@ -229,6 +229,26 @@ extension Setting {
         "whose key pair this process uses: NAME.key_secret in the keys directory", group: .bus,
         programs: Set(Program.allCases))
 
+    // MARK: Metrics
+
+    public static let authMetrics = metricsAddress("auth", for: .auth)
+    public static let profileMetrics = metricsAddress("profile", for: .profile)
+    public static let imageMetrics = metricsAddress("image", for: .imageUpload, named: "image-upload")
+    public static let orchestratorMetrics = metricsAddress("orchestrator", for: .orchestrator)
+    public static let gatewayMetrics = metricsAddress("gateway", for: .gateway)
+
+    private static func metricsAddress(_ prefix: String, for program: Program, named name: String? = nil) -> Setting {
+        Setting(
+            "\(prefix).metrics", .httpAddress, default: .unset("off"),
+            "where \(name ?? prefix) serves its figures to Prometheus (`GET /metrics`; compose's `up`: 127.0.0.1:91xx)",
+            group: .metrics, programs: [program])
+    }
+
+    /// The metrics address setting of `program`, if it has one.
+    public static func metrics(for program: Program) -> Setting? {
+        [authMetrics, profileMetrics, imageMetrics, orchestratorMetrics, gatewayMetrics].first { $0.programs.contains(program) }
+    }
+
     // MARK: Command-line tools
 
     public static let clientState = Setting(
@@ -249,6 +269,7 @@ extension Setting {
         gatewayTrustedProxies, gatewaySignInsPerMinute, gatewayUsernameChecksPerSecond, gatewayHeartbeatSeconds,
         gatewayIdleTimeoutSeconds,
         curve, keysDir, keyName,
+        authMetrics, profileMetrics, imageMetrics, orchestratorMetrics, gatewayMetrics,
         clientState,
     ]
 }

@@ -63,6 +63,7 @@ public struct Setting: Sendable, Hashable, CustomStringConvertible {
         case unlinking = "Unlinking at the provider on withdrawal (auth)"
         case gateway = "HTTP gateway"
         case bus = "The bus's keys (CURVE)"
+        case metrics = "Metrics"
         case tools = "Command-line tools"
     }
 

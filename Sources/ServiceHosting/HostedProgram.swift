@@ -95,7 +95,10 @@ public struct HostCommand<Hosted: HostedProgram>: AsyncParsableCommand {
         let logger = Logger(label: Hosted.name)
         do {
             let bus = try BusSecurity.busConfiguration(for: Hosted.program, settings: settings)
-            try await Hosting.run(name: Hosted.name, settings: settings, logger: logger, bus: bus) { bus in
+            let metrics = try Setting.metrics(for: Hosted.program).flatMap { setting in
+                try settings.text(setting).map { _ in try settings.httpAddress(setting) }
+            }
+            try await Hosting.run(name: Hosted.name, settings: settings, logger: logger, bus: bus, metrics: metrics) { bus in
                 try await Hosted.services(Host(settings: settings, bus: bus, logger: logger))
             }
         } catch let error as SettingError {
@@ -125,17 +128,22 @@ public enum Hosting {
     }
 
     /// Runs `makeServices` on a new ZeroMQ bus until SIGTERM or SIGINT, or until the process
-    /// that started this one has gone (`ONBOARDING_EXIT_WITH_PARENT`).
+    /// that started this one has gone (`ONBOARDING_EXIT_WITH_PARENT`); with `metrics`, also
+    /// serves the program's figures there (``MetricsEndpoint``).
     ///
     /// The bus is shut down last, after every service has finished what it had in flight.
     public static func run(
         name: String, settings: Settings, logger: Logger, bus configuration: ZeroMQBus.Configuration,
-        makeServices: (ZeroMQBus) async throws -> [any Service]
+        metrics: (host: String, port: Int)? = nil, makeServices: (ZeroMQBus) async throws -> [any Service]
     ) async throws {
         let bus = ZeroMQBus(source: name, logger: logger, configuration: configuration)
         var services: [any Service]
         do {
             services = try await makeServices(bus)
+            if let metrics {
+                services.append(
+                    MetricsEndpoint(host: metrics.host, port: metrics.port, statistics: { bus.statistics }, logger: logger))
+            }
             if let parent = try settings.optionalInteger(.exitWithParent) {
                 services.append(ParentWatch(parent: pid_t(parent), logger: logger))
             }
