@@ -1,8 +1,8 @@
 # A private PostgreSQL cluster for compose and the tests (sourced by compose/onboarding).
 #
 # The cluster lives in one directory under a data directory: `initdb` on first use, then
-# `pg_ctl start` on a loopback port with its Unix socket in that same directory, so it neither
-# needs nor touches Debian's own cluster (port 5432). PostgreSQL refuses to run as root: when
+# `pg_ctl start` on a loopback port (TCP only: no Unix socket, whose path would depend on where
+# the repository is), so it neither needs nor touches Debian's own cluster (port 5432). PostgreSQL refuses to run as root: when
 # compose runs as root, the directory belongs to the `postgres` user that Debian's package
 # creates, and the cluster runs as that user. Connections are trusted on loopback and the socket
 # only (`--auth=trust`): it is a laptop's or a test's cluster, never a production one.
@@ -35,21 +35,28 @@ pg_as_owner() {
 # its URL. Fails with the server's log when it does not start.
 pg_start() {
   local dir=$1 port=$2 bin
-  bin=$(pg_bin) || fail "no PostgreSQL server programs; run ./compose/onboarding up --postgres once to install them"
+  bin=$(pg_bin) || fail "no PostgreSQL server programs: install Debian's postgresql (apt-get install postgresql)"
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    fail "something already listens on 127.0.0.1:$port, where the PostgreSQL cluster in $dir would; stop it or choose another port (ONBOARDING_TEST_POSTGRES_PORT for the tests)"
+  fi
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
-  [ "$(id -u)" -eq 0 ] && chown postgres: "$dir" && chmod 700 "$dir"
+  if [ "$(id -u)" -eq 0 ]; then
+    chown postgres: "$dir" && chmod 700 "$dir"
+    runuser -u postgres -- test -x "$dir" \
+      || fail "the postgres user cannot reach $dir (a folder above it is closed to other users); put the repository where others may enter, or run as an ordinary user"
+  fi
   if [ ! -f "$dir/PG_VERSION" ]; then
     note "making a PostgreSQL cluster in $dir" >&2
     pg_as_owner "$bin/initdb" -D "$dir" -U onboarding --auth=trust -E UTF8 --locale=C.UTF-8 >"$dir.initdb.log" 2>&1 \
       || fail "initdb failed; see $dir.initdb.log"
   fi
   if ! pg_as_owner "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 \
-    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c synchronous_commit=on -c max_connections=200" start >/dev/null; then
+    -o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories= -c synchronous_commit=on -c max_connections=200" start >/dev/null; then
     tail -20 "$dir/server.log" >&2
     fail "PostgreSQL did not start in $dir on port $port (its log is above)"
   fi
-  pg_as_owner "$bin/createdb" -h "$dir" -p "$port" -U onboarding onboarding 2>/dev/null || true
+  pg_as_owner "$bin/createdb" -h 127.0.0.1 -p "$port" -U onboarding onboarding 2>/dev/null || true
   printf 'postgresql://onboarding@127.0.0.1:%s/onboarding\n' "$port"
 }
 

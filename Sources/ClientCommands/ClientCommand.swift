@@ -246,6 +246,14 @@ struct HealthCommand: AsyncParsableCommand {
                         retry: RetryPolicy(initial: .milliseconds(100), maximum: .milliseconds(100)),
                         deadline: max(left, .zero) + timeout, retryingOn: left > .zero ? ErrorCode.retryable : [])
                     if !quiet { Terminal.line("\(service.name.padding(toLength: 24, withPad: " ", startingAt: 0)) up    \(service.endpoint)  since \(status.startedAt)") }
+                    if !quiet, let counts = Self.nonZero(status.statistics) {
+                        Terminal.line("    bus: \(counts)")
+                    }
+                    for feed in (quiet ? nil : status.feeds) ?? [] {
+                        Terminal.line(
+                            "    feed from \(feed.publisher): through \(feed.sequence), \(feed.handled) handled, "
+                                + "\(feed.replayed) fetched with events.after, \(feed.duplicatesDropped) duplicates dropped, \(feed.lost) lost")
+                    }
                     if !quiet, let unlink = status.unlink {
                         Terminal.line(
                             "    unlinks pending: \(unlink.pending)" + (unlink.oldestPendingSeconds.map { ", the oldest for \($0) s" } ?? "")
@@ -259,6 +267,21 @@ struct HealthCommand: AsyncParsableCommand {
             return down
         }
         if !down.isEmpty { throw ExitCode.failure }
+    }
+}
+
+extension HealthCommand {
+    /// The bus's counts that are not 0, as `name value` pairs, or `nil` when all are.
+    static func nonZero(_ statistics: BusStatistics) -> String? {
+        let counts: [(String, Int)] = [
+            ("droppedEvents", statistics.droppedEvents), ("unreadableEvents", statistics.unreadableEvents),
+            ("overloadedRequests", statistics.overloadedRequests), ("rejectedRequests", statistics.rejectedRequests),
+            ("lateReplies", statistics.lateReplies), ("refusedHandshakes", statistics.refusedHandshakes),
+            ("failedHandshakes", statistics.failedHandshakes), ("slowSubscribers", statistics.slowSubscribers),
+            ("droppedReplies", statistics.droppedReplies),
+        ]
+        let shown = counts.filter { $0.1 != 0 }.map { "\($0.0) \($0.1)" }
+        return shown.isEmpty ? nil : shown.joined(separator: ", ")
     }
 }
 

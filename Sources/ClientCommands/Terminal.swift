@@ -34,6 +34,8 @@ enum Terminal {
 
     static func hint(for error: ServiceError) -> String? {
         switch error.code {
+        case .noResponder where error.message.contains("CURVE handshake"):
+            "Check the keys: this program's key pair and the server's public key (onboarding-keys show, ONBOARDING_KEYS_DIR)."
         case .noResponder:
             "Is the system running? Start it with ./compose/onboarding up, or check the endpoint flags."
         case .timeout:

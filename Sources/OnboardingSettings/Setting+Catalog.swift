@@ -240,7 +240,7 @@ extension Setting {
     private static func metricsAddress(_ prefix: String, for program: Program, named name: String? = nil) -> Setting {
         Setting(
             "\(prefix).metrics", .httpAddress, default: .unset("off"),
-            "where \(name ?? prefix) serves its figures to Prometheus (`GET /metrics`; compose's `up`: 127.0.0.1:91xx)",
+            "where \(name ?? prefix) serves its figures to Prometheus (`GET /metrics`; compose's `up`: 127.0.0.1:91xx; `off`: none)",
             group: .metrics, programs: [program])
     }
 

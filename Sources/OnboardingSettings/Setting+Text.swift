@@ -153,7 +153,9 @@ extension Settings {
         for setting in program.settings where raw(setting) != nil {
             switch setting.kind {
             case .endpoint: _ = try endpoint(setting)
-            case .httpAddress: _ = try httpAddress(setting)
+            case .httpAddress:
+                // One that is off unless set may also be set to off.
+                if case .unset = setting.defaultValue { _ = try optionalHTTPAddress(setting) } else { _ = try httpAddress(setting) }
             case .integer: _ = try optionalInteger(setting)
             case .toggle: _ = try toggle(setting)
             case .url: _ = try url(setting)

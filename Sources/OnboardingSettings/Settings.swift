@@ -216,6 +216,13 @@ public struct Settings: Sendable {
         return (host, port)
     }
 
+    /// An address that may be off: `nil` when unset, empty or `off`.
+    public func optionalHTTPAddress(_ setting: Setting) throws -> (host: String, port: Int)? {
+        guard let text = text(setting), !["", "off"].contains(text.trimmingCharacters(in: .whitespaces).lowercased())
+        else { return nil }
+        return try httpAddress(setting)
+    }
+
     private func required(_ setting: Setting) throws -> String {
         guard let text = text(setting) else { throw invalid(setting, "") }
         return text

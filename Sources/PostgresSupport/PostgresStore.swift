@@ -43,29 +43,39 @@ public final class PostgresStore: Sendable {
     /// Applies `migrator`'s missing migrations, waiting up to `patience` for the server to
     /// answer (a service and its database often start together).
     ///
-    /// - Throws: ``ServiceError`` `storeUnavailable` naming the database when it never answered,
-    ///   or a migration failed.
+    /// Only a server that cannot be reached is waited for; a migration that fails (bad SQL, a
+    /// missing privilege) fails at once. A migration may take as long as it needs.
+    ///
+    /// - Throws: ``ServiceError`` `storeUnavailable` naming the database.
     @discardableResult
     public func migrate(_ migrator: PostgresMigrator, patience: Duration = .seconds(30)) async throws -> [String] {
         let clock = ContinuousClock()
         let deadline = clock.now + patience
         var delay = Duration.milliseconds(100)
+        // Reached first (bounded, retried), then migrated (unbounded: holding the advisory lock).
         while true {
             do {
-                let applied = try await withinTimeout { try await migrator.migrate(self.client, logger: self.logger) }
-                if !applied.isEmpty { logger.notice("PostgreSQL migrations applied: \(applied.joined(separator: ", "))") }
-                return applied
+                _ = try await withinTimeout(timeout) { try await self.client.query("SELECT 1", logger: self.logger) }
+                break
             } catch {
                 guard clock.now + delay < deadline, !Task.isCancelled else {
                     throw ServiceError(
                         .storeUnavailable,
-                        "Cannot migrate the database at \(location): \(String(reflecting: error)). Is PostgreSQL running, "
-                            + "and may this user create the schema?")
+                        "Cannot reach the database at \(location): \(Self.describe(error)). Is PostgreSQL running there?")
                 }
-                logger.warning("PostgreSQL at \(location) is not ready (\(error)); trying again in \(delay)")
+                logger.warning("PostgreSQL at \(location) is not ready (\(Self.describe(error))); trying again in \(delay)")
                 try await Task.sleep(for: delay)
                 delay = min(delay * 2, .seconds(2))
             }
+        }
+        do {
+            let applied = try await migrator.migrate(client, logger: logger)
+            if !applied.isEmpty { logger.notice("PostgreSQL migrations applied: \(applied.joined(separator: ", "))") }
+            return applied
+        } catch {
+            throw ServiceError(
+                .storeUnavailable,
+                "Cannot migrate the database at \(location): \(Self.describe(error)). May this user create the schema?")
         }
     }
 
@@ -88,56 +98,81 @@ public final class PostgresStore: Sendable {
         }
     }
 
-    /// `work`'s result; `storeUnavailable` for a database failure (logged with its cause) or
-    /// when ``timeout`` passes without a result.
+    /// `work`'s result; what it threw on purpose (a ``ServiceError``, cancellation), even from
+    /// inside a transaction; `storeUnavailable` for a database failure (logged with its cause)
+    /// or when ``timeout`` passes without a result.
     private func bounded<T: Sendable>(_ work: @escaping @Sendable () async throws -> T) async throws -> T {
         do {
-            return try await withinTimeout(work)
-        } catch let error as ServiceError {
-            throw error
-        } catch is CancellationError {
-            throw CancellationError()
+            return try await withinTimeout(timeout, work)
         } catch {
+            // postgres-nio wraps what a transaction's body threw in PostgresTransactionError.
+            let cause = (error as? PostgresTransactionError)?.closureError ?? error
+            if let error = cause as? ServiceError { throw error }
+            if cause is CancellationError { throw CancellationError() }
             logger.error("store failure: \(String(reflecting: error))")
             throw ServiceError(.storeUnavailable, "The store failed. Nothing was changed; try again.")
         }
     }
 
-    /// `work`'s result or error, or `storeUnavailable` once ``timeout`` has passed without one.
+    /// `work`'s result or error, or `storeUnavailable` once `limit` has passed without one.
     ///
-    /// postgres-nio cannot take back a statement it has sent, and waits for a connection as long
-    /// as the server is unreachable, so work past its time is left to finish (or fail) on its own;
-    /// its result is dropped. A transaction that commits late has still committed: hence "may
-    /// have been made" in the message.
-    private func withinTimeout<T: Sendable>(_ work: @escaping @Sendable () async throws -> T) async throws -> T {
-        let timeout = self.timeout
-        return try await withCheckedThrowingContinuation { continuation in
-            let race = FirstResult(continuation)
-            let timer = Task {
-                try await Task.sleep(for: timeout)
-                race.finish(.failure(ServiceError(
-                    .storeUnavailable,
-                    "The store did not answer within \(timeout): the change may or may not have been made. Try "
-                        + "again (a request with an idempotency key is safe to repeat).")))
-            }
-            Task {
-                do { race.finish(.success(try await work())) } catch { race.finish(.failure(error)) }
-                timer.cancel()
-            }
+    /// On timeout, or when the caller is cancelled, `work` is cancelled: a lease still waiting
+    /// for a connection is withdrawn. A statement already sent cannot be taken back
+    /// (postgres-nio), so a transaction that commits late has still committed: hence "may have
+    /// been made" in the message.
+    private func withinTimeout<T: Sendable>(
+        _ limit: Duration, _ work: @escaping @Sendable () async throws -> T
+    ) async throws -> T {
+        let race = FirstResult<T>()
+        let worker = Task {
+            do { race.finish(.success(try await work())) } catch { race.finish(.failure(error)) }
         }
+        let timer = Task {
+            try await Task.sleep(for: limit)
+            race.finish(.failure(ServiceError(
+                .storeUnavailable,
+                "The store did not answer within \(limit): the change may or may not have been made. Try again "
+                    + "(a request with an idempotency key is safe to repeat).")))
+            worker.cancel()
+        }
+        defer { timer.cancel() }
+        return try await withTaskCancellationHandler {
+            try await race.value()
+        } onCancel: {
+            race.finish(.failure(CancellationError()))
+            worker.cancel()
+        }
+    }
+
+    static func describe(_ error: any Error) -> String {
+        if let error = error as? ServiceError { return error.message }
+        return String(reflecting: (error as? PostgresTransactionError)?.closureError ?? error)
     }
 }
 
-/// Resumes a continuation with the first result given to it; later ones are dropped.
+/// The first result given to it, for whoever waits (once); later ones are dropped.
 private final class FirstResult<T: Sendable>: Sendable {
-    private let continuation: Mutex<CheckedContinuation<T, any Error>?>
-
-    init(_ continuation: CheckedContinuation<T, any Error>) {
-        self.continuation = Mutex(continuation)
-    }
+    private let state = Mutex<(result: Result<T, any Error>?, waiter: CheckedContinuation<T, any Error>?)>((nil, nil))
 
     func finish(_ result: Result<T, any Error>) {
-        continuation.withLock { $0.take() }?.resume(with: result)
+        let waiter = state.withLock { state -> CheckedContinuation<T, any Error>? in
+            guard state.result == nil else { return nil }
+            state.result = result
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        waiter?.resume(with: result)
+    }
+
+    func value() async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            let ready = state.withLock { state -> Result<T, any Error>? in
+                if let result = state.result { return result }
+                state.waiter = continuation
+                return nil
+            }
+            if let ready { continuation.resume(with: ready) }
+        }
     }
 }
 

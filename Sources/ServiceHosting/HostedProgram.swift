@@ -95,9 +95,7 @@ public struct HostCommand<Hosted: HostedProgram>: AsyncParsableCommand {
         let logger = Logger(label: Hosted.name)
         do {
             let bus = try BusSecurity.busConfiguration(for: Hosted.program, settings: settings)
-            let metrics = try Setting.metrics(for: Hosted.program).flatMap { setting in
-                try settings.text(setting).map { _ in try settings.httpAddress(setting) }
-            }
+            let metrics = try Setting.metrics(for: Hosted.program).flatMap { try settings.optionalHTTPAddress($0) }
             try await Hosting.run(name: Hosted.name, settings: settings, logger: logger, bus: bus, metrics: metrics) { bus in
                 try await Hosted.services(Host(settings: settings, bus: bus, logger: logger))
             }

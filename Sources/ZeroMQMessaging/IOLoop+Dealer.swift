@@ -76,7 +76,7 @@ extension IOLoop {
                 try socket.set(ZMQ_RCVHWM, Int32(0))
                 try socket.set(ZMQ_MAXMSGSIZE, Int64(clamping: configuration.maxReplyFrameBytes))
                 try secureClient(socket, to: endpoint)
-                try watch(socket, as: .dealer(endpoint), events: Self.handshakeEvents)
+                watch(socket, as: .dealer(endpoint), events: Self.handshakeEvents)
                 try socket.connect(endpoint)
             }
         } catch {

@@ -14,8 +14,10 @@ import Messaging
 ///   what it costs is bounded and nobody else waits for it.
 /// - **Failed CURVE handshakes**, logged once per endpoint and counted: a server that cannot
 ///   prove the key this side knows for it (a squatter on the port) in
-///   ``BusStatistics/failedHandshakes``, a client that fails before the ZAP handler sees its key
-///   in ``BusStatistics/refusedHandshakes``.
+///   ``BusStatistics/failedHandshakes``, logged once per endpoint until a handshake with it
+///   succeeds; a client whose handshake breaks CURVE's protocol before the ZAP handler sees its
+///   key (it has another key for this server) in ``BusStatistics/refusedHandshakes``, logged
+///   once per endpoint and reason for the life of the process.
 ///
 /// The descriptors belong to libzmq: they are only looked at (`ioctl(SIOCOUTQ)`,
 /// `getpeername`), never read, written or closed. One that libzmq closed before its
@@ -46,21 +48,27 @@ extension IOLoop {
     static let subscriberCheckInterval: UInt64 = 1_000_000_000
 
     /// Starts a monitor of `events` on `socket`; handshake events only when the bus has keys.
-    func watch(_ socket: Socket, as watched: Watched, events: Int32) throws(ServiceError) {
+    /// A monitor that cannot start is logged: the socket works without it, unwatched.
+    func watch(_ socket: Socket, as watched: Watched, events: Int32) {
         let events = configuration.keys == nil ? events & ~Self.handshakeEvents : events
         guard events != 0 else { return }
         monitorCount += 1
         let name = "inproc://zeromq.monitor.\(monitorCount)"
-        guard zmq_socket_monitor(socket.handle, name, events) == 0 else {
-            throw ServiceError(.internalError, "Cannot monitor a ZeroMQ socket: \(zmqErrorText(zmq_errno())).")
-        }
-        let pair = try openSocket(ZMQ_PAIR) { pair throws(ServiceError) in
-            guard zmq_connect(pair.handle, name) == 0 else {
-                throw ServiceError(.internalError, "Cannot read a ZeroMQ socket monitor: \(zmqErrorText(zmq_errno())).")
+        do throws(ServiceError) {
+            guard zmq_socket_monitor(socket.handle, name, events) == 0 else {
+                throw ServiceError(.internalError, "Cannot monitor a ZeroMQ socket: \(zmqErrorText(zmq_errno())).")
             }
+            let pair = try openSocket(ZMQ_PAIR) { pair throws(ServiceError) in
+                guard zmq_connect(pair.handle, name) == 0 else {
+                    throw ServiceError(.internalError, "Cannot read a ZeroMQ socket monitor: \(zmqErrorText(zmq_errno())).")
+                }
+            }
+            monitors[watched] = pair
+            pollDirty = true
+        } catch {
+            zmq_socket_monitor(socket.handle, nil, 0)
+            logger.warning("\(error.message) Slow subscribers and failed handshakes of this socket will not be shown.")
         }
-        monitors[watched] = pair
-        pollDirty = true
     }
 
     /// Stops the monitor of `socket`, if it has one; call before closing the socket.
@@ -101,8 +109,10 @@ extension IOLoop {
     private func monitored(_ event: Int32, value: UInt32, endpoint: String, on watched: Watched) {
         switch (event, watched) {
         case (ZMQ_EVENT_ACCEPTED, .publisher(let id)):
+            // A descriptor is reused once closed, maybe by another publisher's connection whose
+            // closing was not read yet: it now belongs to this one only.
             let fd = Int32(bitPattern: value)
-            forget(fd, of: id, why: nil)
+            for other in Array(publishers.keys) { forget(fd, of: other, why: nil) }
             publishers[id]?.connections[fd] = SubscriberConnection(address: Self.peerAddress(fd))
             if nextSubscriberCheck == .max { nextSubscriberCheck = monotonicNanoseconds() + Self.subscriberCheckInterval }
         case (ZMQ_EVENT_DISCONNECTED, .publisher(let id)):
@@ -207,8 +217,9 @@ extension IOLoop {
         let why: String
         switch watched {
         case .publisher, .server:
-            // A refusal by the ZAP handler was logged and counted there.
-            guard event != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH else { return }
+            // A refusal by the ZAP handler was logged and counted there; a connection closed
+            // before its greeting (a port probe, a health check) is no handshake at all.
+            guard event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL else { return }
             queue.count { $0.refusedHandshakes += 1 }
             why = Self.handshakeReason(event, value: value, client: false)
             guard failedEndpoints.insert(endpoint + why).inserted else { return }

@@ -16,16 +16,14 @@ extension IOLoop {
                 try socket.set(ZMQ_MAXMSGSIZE, Int64(64 * 1024))
                 try socket.set(ZMQ_SNDHWM, Int32(clamping: configuration.publishHighWaterMark))
                 try secureServer(socket, at: endpoint, publisher: true)
+                // Before binding: a subscriber that reconnects at once is seen too.
+                watch(socket, as: .publisher(id), events: Self.connectionEvents | Self.handshakeFailed)
                 try socket.bind(endpoint)
             }
             publishers[id] = Publisher(socket: socket, endpoint: endpoint)
-            do {
-                try watch(socket, as: .publisher(id), events: Self.connectionEvents | Self.handshakeFailed)
-            } catch {
-                logger.warning("\(error.message) Subscribers that do not read will not be named.")
-            }
             done.resume()
         } catch {
+            dropMonitor(.publisher(id))
             done.resume(throwing: error)
         }
     }

@@ -38,17 +38,15 @@ extension IOLoop {
                 try socket.set(ZMQ_ROUTER_MANDATORY, Int32(1))
                 try socket.set(ZMQ_SNDHWM, Int32(clamping: configuration.replyHighWaterMark))
                 try secureServer(socket, at: endpoint, publisher: false)
+                watch(socket, as: .server(id), events: Self.handshakeFailed)
                 try socket.bind(endpoint)
             }
             servers[id] = Server(socket: socket, endpoint: endpoint, limits: limits, sink: sink)
-            do {
-                try watch(socket, as: .server(id), events: Self.handshakeFailed)
-            } catch {
-                logger.warning("\(error.message) Failed handshakes at \(endpoint) will not be logged.")
-            }
+
             pollDirty = true
             done.resume()
         } catch {
+            dropMonitor(.server(id))
             sink.finish()
             done.resume(throwing: error)
         }

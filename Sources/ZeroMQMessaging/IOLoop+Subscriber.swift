@@ -17,7 +17,7 @@ extension IOLoop {
                 // Deep, in this process's own memory: a burst is read late, not dropped.
                 try socket.set(ZMQ_RCVHWM, Int32(clamping: configuration.receiveHighWaterMark))
                 for topic in topics { try socket.subscribe(topic) }
-                try watch(socket, as: .subscriber(id), events: Self.handshakeEvents)
+                watch(socket, as: .subscriber(id), events: Self.handshakeEvents)
                 for endpoint in endpoints {
                     // Each connection takes the server key set just before it.
                     try secureClient(socket, to: endpoint)

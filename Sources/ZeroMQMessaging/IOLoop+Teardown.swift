@@ -4,6 +4,7 @@ import Messaging
 /// When the loop stops: every socket and the context closed, and everyone still waiting told.
 extension IOLoop {
     func tearDown() {
+        for id in Array(publishers.keys) { forgetConnections(of: id) }
         // A monitor stops with the socket it watches; its reading end closes here.
         for monitor in monitors.values { close(monitor, linger: 0, what: "socket monitor") }
         monitors = [:]

@@ -256,7 +256,7 @@ struct SettingsTests {
         for setting in Setting.all where setting.kind == .endpoint || setting.kind == .httpAddress {
             guard case .value = setting.defaultValue else {
                 // Off unless set (the metrics addresses): compose's `up` gives each one.
-                #expect(script.contains("export \(setting.environmentVariable)=${\(setting.environmentVariable):-http://127.0.0.1:91"))
+                #expect(script.contains("export \(setting.environmentVariable)=${\(setting.environmentVariable)-http://127.0.0.1:91"))
                 continue
             }
             let line = "export \(setting.environmentVariable)=${\(setting.environmentVariable):-\(setting.defaultText)}"

@@ -237,6 +237,28 @@ struct PostgresStoreTests {
         runningToo.cancel()
     }
 
+    @Test("an error a transaction's body throws reaches the caller as itself, and nothing of it is kept", .enabled(if: testDatabaseURL != nil))
+    func bodyErrors() async throws {
+        try await withTestSchema { client, location in
+            try await migratedOutbox(client, location)
+            let store = PostgresStore(location: location, applicationName: "test", logger: quietLogger)
+            let running = Task { await store.run() }
+            defer { running.cancel() }
+            let outbox = PostgresOutbox(source: "auth")
+            do {
+                _ = try await store.transaction { connection in
+                    _ = try await outbox.append([PostgresOutbox.Recording(SignedOut(uid: "u1"), uid: "u1")], on: connection, logger: quietLogger)
+                    throw ServiceError(.usernameTaken, "Taken.", reason: "test")
+                }
+                Issue.record("the transaction succeeded")
+            } catch let error as ServiceError {
+                #expect(error.code == .usernameTaken && error.reason == "test", "\(error)")
+            }
+            let last = try await store.read { connection in try await PostgresOutbox.lastSequence(on: connection, logger: quietLogger) }
+            #expect(last == 0, "rolled back")
+        }
+    }
+
     @Test("the retention loop prunes a PostgreSQL outbox while the service runs", .enabled(if: testDatabaseURL != nil))
     func retentionLoop() async throws {
         try await withTestSchema { client, location in
