@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import Messaging
+import OnboardingAPI
 import OnboardingSettings
 import ServiceLifecycle
 import ZeroMQMessaging
@@ -96,6 +97,7 @@ public struct HostCommand<Hosted: HostedProgram>: AsyncParsableCommand {
         do {
             let bus = try BusSecurity.busConfiguration(for: Hosted.program, settings: settings)
             let metrics = try Setting.metrics(for: Hosted.program).flatMap { try settings.optionalHTTPAddress($0) }
+                .map { (host: $0.host, port: $0.port, own: try Self.requestEndpoint(settings)) }
             try await Hosting.run(name: Hosted.name, settings: settings, logger: logger, bus: bus, metrics: metrics) { bus in
                 try await Hosted.services(Host(settings: settings, bus: bus, logger: logger))
             }
@@ -107,6 +109,20 @@ public struct HostCommand<Hosted: HostedProgram>: AsyncParsableCommand {
             // one line that says what to do, not a stack of wrapped errors.
             logger.critical("\(error.message)")
             throw ExitCode.failure
+        }
+    }
+}
+
+extension HostCommand {
+    /// Where the program answers requests (its metrics ask it for its own health there), or
+    /// `nil` for the gateway, which answers none on the bus.
+    static func requestEndpoint(_ settings: Settings) throws -> Endpoint? {
+        switch Hosted.program {
+        case .auth: try settings.endpoint(.authRPC)
+        case .profile: try settings.endpoint(.profileRPC)
+        case .imageUpload: try settings.endpoint(.imageRPC)
+        case .orchestrator: try settings.endpoint(.orchestratorRPC)
+        default: nil
         }
     }
 }
@@ -132,15 +148,23 @@ public enum Hosting {
     /// The bus is shut down last, after every service has finished what it had in flight.
     public static func run(
         name: String, settings: Settings, logger: Logger, bus configuration: ZeroMQBus.Configuration,
-        metrics: (host: String, port: Int)? = nil, makeServices: (ZeroMQBus) async throws -> [any Service]
+        metrics: (host: String, port: Int, own: Endpoint?)? = nil,
+        makeServices: (ZeroMQBus) async throws -> [any Service]
     ) async throws {
         let bus = ZeroMQBus(source: name, logger: logger, configuration: configuration)
         var services: [any Service]
         do {
             services = try await makeServices(bus)
             if let metrics {
+                let own = metrics.own
                 services.append(
-                    MetricsEndpoint(host: metrics.host, port: metrics.port, statistics: { bus.statistics }, logger: logger))
+                    MetricsEndpoint(
+                        host: metrics.host, port: metrics.port, statistics: { bus.statistics },
+                        health: {
+                            guard let own else { return nil }
+                            return try? await bus.call(HealthCheck(), to: own, source: name, timeout: .seconds(2))
+                        },
+                        logger: logger))
             }
             if let parent = try settings.optionalInteger(.exitWithParent) {
                 services.append(ParentWatch(parent: pid_t(parent), logger: logger))

@@ -2,6 +2,7 @@ import Foundation
 import Hummingbird
 import Logging
 import Messaging
+import OnboardingAPI
 import Prometheus
 import ServiceLifecycle
 import Synchronization
@@ -10,34 +11,39 @@ import Synchronization
 /// (off unless its `*.metrics` setting is set).
 ///
 /// Everything here is read when Prometheus scrapes, never counted per message: the bus's own
-/// counts (``BusStatistics``) and the process's CPU time, resident memory and open descriptors
-/// (from `/proc`). So a program without a scraper pays nothing, and one with a scraper pays a
-/// few system calls per scrape.
+/// counts (``BusStatistics``), what the service's own health reply adds (the orchestrator's
+/// feeds, auth's unlink queue: one `health` request to itself per scrape), and the process's CPU
+/// time, resident memory and open descriptors (from `/proc`). So a program without a scraper
+/// pays nothing, and one with a scraper pays a request and a few system calls per scrape.
 public struct MetricsEndpoint: Service {
     public let host: String
     public let port: Int
     let statistics: @Sendable () -> BusStatistics
+    /// The service's own health reply, or `nil` (the gateway, or no answer in time).
+    let health: @Sendable () async -> HealthStatus?
     let logger: Logger
     /// Called with the port once listening (the real one when `port` is 0).
     let onListening: @Sendable (Int) async -> Void
 
     public init(
-        host: String, port: Int, statistics: @escaping @Sendable () -> BusStatistics, logger: Logger,
+        host: String, port: Int, statistics: @escaping @Sendable () -> BusStatistics,
+        health: @escaping @Sendable () async -> HealthStatus? = { nil }, logger: Logger,
         onListening: @escaping @Sendable (Int) async -> Void = { _ in }
     ) {
         self.host = host
         self.port = port
         self.statistics = statistics
+        self.health = health
         self.logger = logger
         self.onListening = onListening
     }
 
     public func run() async throws {
         let figures = Figures()
-        let statistics = self.statistics
+        let (statistics, health) = (self.statistics, self.health)
         let router = Router()
         router.get("/metrics") { _, _ -> Response in
-            let text = figures.render(bus: statistics(), process: ProcessFigures.read())
+            let text = figures.render(bus: statistics(), health: await health(), process: ProcessFigures.read())
             return Response(
                 status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                 body: .init(byteBuffer: ByteBuffer(bytes: text)))
@@ -106,6 +112,10 @@ final class Figures: Sendable {
     private let slowSubscribers: Gauge
     private let cpu: Counter
     private let resident: Gauge, descriptors: Gauge, started: Gauge
+    /// Totals that come with labels (a feed's publisher), made when first seen, and what each
+    /// had reached at the last scrape.
+    private let labeled = Mutex<[String: (counter: Counter, reached: Int)]>([:])
+    private let unlinkPending: Gauge, unlinkOldest: Gauge
 
     init() {
         let registry = PrometheusCollectorRegistry()
@@ -138,11 +148,45 @@ final class Figures: Sendable {
         descriptors = registry.makeGauge(descriptor: process("open", "fds", "Number of open file descriptors."))
         started = registry.makeGauge(
             descriptor: process("start_time", "seconds", "Start time of the process since unix epoch in seconds."))
+        unlinkPending = registry.makeGauge(
+            descriptor: .init(
+                namespace: "onboarding", subsystem: "unlink", metricName: "pending", unitName: "jobs",
+                helpText: "Withdrawn accounts still to be unlinked at their provider (auth)."))
+        unlinkOldest = registry.makeGauge(
+            descriptor: .init(
+                namespace: "onboarding", subsystem: "unlink", metricName: "oldest_pending", unitName: "seconds",
+                helpText: "How long the oldest unlink job has waited (0 when none waits)."))
+    }
+
+    /// The orchestrator's feeds, one series per publisher (its request endpoint).
+    private static let feedCounts: [(name: String, help: String, value: @Sendable (FeedStatistics) -> Int)] = [
+        ("handled", "Events handled from a publisher, live or replayed.", \.handled),
+        ("replayed", "Events fetched with events.after because the live stream skipped them.", \.replayed),
+        ("duplicates_dropped", "Events received again after they had been handled, and dropped.", \.duplicatesDropped),
+        ("lost", "Events the publisher pruned before they could be fetched.", \.lost),
+    ]
+
+    private func follow(_ feeds: [FeedStatistics]) {
+        labeled.withLock { labeled in
+            for feed in feeds {
+                for (name, help, value) in Self.feedCounts {
+                    let key = "\(name) \(feed.publisher)"
+                    let entry = labeled[key] ?? (
+                        registry.makeCounter(
+                            descriptor: .init(
+                                namespace: "onboarding", subsystem: "feed", metricName: name, unitName: "total", helpText: help),
+                            labels: [("publisher", feed.publisher)]), 0)
+                    let now = value(feed)
+                    if now > entry.reached { entry.counter.increment(by: Int64(now - entry.reached)) }
+                    labeled[key] = (entry.counter, max(entry.reached, now))
+                }
+            }
+        }
     }
 
     /// The text of one scrape. Scrapes may overlap: each counter moves by what its total
     /// gained since the last one, under one lock.
-    func render(bus: BusStatistics, process: ProcessFigures) -> [UInt8] {
+    func render(bus: BusStatistics, health: HealthStatus?, process: ProcessFigures) -> [UInt8] {
         let totals = counters.map { $0.value(bus) }
         let (gains, cpuGain) = reached.withLock { reached in
             if reached.counts.isEmpty { reached.counts = Array(repeating: 0, count: totals.count) }
@@ -158,6 +202,11 @@ final class Figures: Sendable {
         resident.set(Double(process.residentBytes))
         descriptors.set(Double(process.openDescriptors))
         started.set(process.startTime)
+        if let feeds = health?.feeds { follow(feeds) }
+        if let unlink = health?.unlink {
+            unlinkPending.set(Double(unlink.pending))
+            unlinkOldest.set(Double(unlink.oldestPendingSeconds ?? 0))
+        }
         var buffer: [UInt8] = []
         registry.emit(into: &buffer)
         return buffer

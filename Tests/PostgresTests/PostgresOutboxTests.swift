@@ -214,7 +214,9 @@ struct PostgresStoreTests {
         let started = ContinuousClock.now
         await #expect(throws: ServiceError.self) { _ = try await paused.read { _ in 1 } }
         let waited = ContinuousClock.now - started
-        #expect(waited >= .milliseconds(290) && waited < .seconds(5), "bounded by the timeout: \(waited)")
+        // Not before the timeout; the upper bound only tells "answered" from "hung" (a loaded
+        // machine delays the timer, as a full parallel run beside a build once did by seconds).
+        #expect(waited >= .milliseconds(290) && waited < .seconds(30), "bounded by the timeout: \(waited)")
         do {
             _ = try await paused.transaction { _ in 1 }
         } catch let error as ServiceError {

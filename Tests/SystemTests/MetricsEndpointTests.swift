@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import Messaging
+import OnboardingAPI
 import ServiceHosting
 import Synchronization
 import Testing
@@ -18,7 +19,16 @@ struct MetricsEndpointTests {
         var logger = Logger(label: "metrics-test")
         logger.logLevel = .warning
         let endpoint = MetricsEndpoint(
-            host: "127.0.0.1", port: 0, statistics: { totals.withLock { $0 } }, logger: logger,
+            host: "127.0.0.1", port: 0, statistics: { totals.withLock { $0 } },
+            health: {
+                var health = HealthStatus(service: "onboarding-orchestrator", startedAt: "2026-11-27T00:00:00.000Z", statistics: BusStatistics())
+                var feed = FeedStatistics(publisher: "tcp://127.0.0.1:7101", sequence: 9)
+                feed.handled = totals.withLock { $0.refusedHandshakes } * 10
+                health.feeds = [feed]
+                health.unlink = UnlinkQueueStatus(pending: 2, oldestPendingSeconds: 30)
+                return health
+            },
+            logger: logger,
             onListening: { port.yield($0); port.finish() })
         let serving = Task { try await endpoint.run() }
         defer { serving.cancel() }
