@@ -86,7 +86,7 @@ let package = Package(
         .testTarget(
             name: "MessagingTests",
             dependencies: [
-                "Messaging", "ZeroMQMessaging", "CZeroMQ", "FuzzKit",
+                "Messaging", "ZeroMQMessaging", "CZeroMQ", "FuzzKit", "TestSupport",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -138,7 +138,7 @@ let package = Package(
         .testTarget(
             name: "PostgresTests",
             dependencies: [
-                "PostgresSupport", "Messaging", "OnboardingAPI", "ServiceRuntime",
+                "PostgresSupport", "Messaging", "OnboardingAPI", "ServiceRuntime", "TestSupport",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -168,6 +168,7 @@ let package = Package(
             dependencies: [
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "NIOCore", package: "swift-nio"),
                 "Messaging",
                 "OnboardingAPI",
                 "ZeroMQMessaging",
@@ -287,7 +288,7 @@ let package = Package(
             name: "ServiceTests",
             dependencies: [
                 "AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator", "ImageFixtures",
-                "ZeroMQMessaging",
+                "ZeroMQMessaging", "TestSupport", "FuzzKit",
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ]
         ),
@@ -428,6 +429,9 @@ let package = Package(
         // Seeded random numbers, a byte-exact JSON writer and a corpus of hostile values, shared by
         // the fuzz tests of several test targets. Foundation only.
         .target(name: "FuzzKit", path: "Tests/FuzzKit"),
+        // What several test targets share: a logger that keeps its lines, a loopback listener.
+        .target(
+            name: "TestSupport", dependencies: [.product(name: "Logging", package: "swift-log")], path: "Tests/TestSupport"),
         // Real images made with libvips (PNG, JPEG, WebP, HEIC, with EXIF when asked), hand-made
         // hostile files, and readers of the metadata a stored file carries.
         .target(name: "ImageFixtures", dependencies: ["CVips"], path: "Tests/ImageFixtures"),

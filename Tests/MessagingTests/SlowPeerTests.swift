@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import Messaging
 import Synchronization
+import TestSupport
 import Testing
 import ZeroMQMessaging
 
@@ -12,7 +13,7 @@ import ZeroMQMessaging
 struct SlowPeerTests {
     @Test("a subscriber that never reads is named in the log and counted; a reading one keeps getting every event")
     func stalledSubscriber() async throws {
-        let log = LogLines()
+        let log = LogCapture()
         var configuration = ZeroMQBus.Configuration()
         configuration.publishHighWaterMark = 100
         let publishing = ZeroMQBus(source: "publisher", logger: log.logger, configuration: configuration)
@@ -60,7 +61,7 @@ struct SlowPeerTests {
 
     @Test("a caller that never reads its replies costs its server a bounded queue, counted and logged once; others are answered")
     func silentCaller() async throws {
-        let log = LogLines()
+        let log = LogCapture()
         var configuration = ZeroMQBus.Configuration()
         configuration.replyHighWaterMark = 10
         let serving = ZeroMQBus(source: "server", logger: log.logger, configuration: configuration)
@@ -84,34 +85,6 @@ struct SlowPeerTests {
         registration.close()
         await other.shutdown()
         await serving.shutdown()
-    }
-}
-
-/// Collects a logger's lines.
-final class LogLines: Sendable {
-    private let lines = Mutex<[String]>([])
-
-    var logger: Logger {
-        Logger(label: "test.lines") { _ in Handler(lines: self) }
-    }
-
-    func contains(_ text: String) -> Bool {
-        lines.withLock { $0.contains { $0.contains(text) } }
-    }
-
-    private struct Handler: LogHandler {
-        let lines: LogLines
-        var metadata: Logger.Metadata = [:]
-        var logLevel: Logger.Level = .info
-
-        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-            get { metadata[key] }
-            set { metadata[key] = newValue }
-        }
-
-        func log(event: LogEvent) {
-            lines.lines.withLock { $0.append("\(event.message)") }
-        }
     }
 }
 

@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -18,21 +19,9 @@ final class TCPRelay: Sendable {
     /// Listens on a free loopback port and relays each connection to `targetPort`.
     init(to targetPort: Int) throws {
         target = targetPort
-        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard let (listener, port) = loopbackListener() else { throw POSIXError(.EADDRINUSE) }
         self.listener = listener
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = 0
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard bound == 0, listen(listener, 16) == 0 else { throw POSIXError(.EADDRINUSE) }
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(listener, $0, &length) }
-        }
-        port = Int(UInt16(bigEndian: address.sin_port))
+        self.port = port
         let relay = self
         Thread { relay.accepting() }.start()
     }

@@ -6,6 +6,7 @@ import PostgresNIO
 import PostgresSupport
 import ServiceRuntime
 import Synchronization
+import TestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -184,21 +185,7 @@ struct PostgresStoreTests {
         let port: Int
 
         init() throws {
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            self.fd = fd
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            address.sin_port = 0
-            let bound = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-            }
-            try #require(bound == 0 && listen(fd, 16) == 0)
-            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-            _ = withUnsafeMutablePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
-            }
-            port = Int(UInt16(bigEndian: address.sin_port))
+            (fd, port) = try #require(loopbackListener())
         }
 
         deinit { close(fd) }

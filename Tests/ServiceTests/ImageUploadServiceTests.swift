@@ -7,6 +7,7 @@ import OnboardingAPI
 import OnboardingSettings
 import ServiceRuntime
 import Synchronization
+import TestSupport
 import Testing
 
 /// The first bytes of each kind, and of things that are not accepted images, for the sniffer
@@ -431,40 +432,5 @@ struct ImageUploadServiceTests {
     func attachmentLimitSaturates() {
         let configuration = ImageUploadService.Configuration(directory: "/tmp/unused", maxImageBytes: .max)
         #expect(configuration.limits.maxAttachmentBytes == .max)
-    }
-}
-
-/// Keeps what a logger was told, for tests that check a log line.
-final class LogCapture: Sendable {
-    struct Entry: Sendable {
-        var level: Logger.Level
-        var message: String
-        var metadata: [String: String]
-    }
-
-    private let storage = Mutex<[Entry]>([])
-
-    var entries: [Entry] { storage.withLock { $0 } }
-
-    var logger: Logger {
-        Logger(label: "test") { _ in Handler(capture: self) }
-    }
-
-    fileprivate func append(_ entry: Entry) { storage.withLock { $0.append(entry) } }
-
-    private struct Handler: LogHandler {
-        let capture: LogCapture
-        var metadata: Logger.Metadata = [:]
-        var logLevel: Logger.Level = .trace
-
-        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-            get { metadata[key] }
-            set { metadata[key] = newValue }
-        }
-
-        func log(event: LogEvent) {
-            let merged = metadata.merging(event.metadata ?? [:]) { $1 }
-            capture.append(Entry(level: event.level, message: "\(event.message)", metadata: merged.mapValues { "\($0)" }))
-        }
     }
 }

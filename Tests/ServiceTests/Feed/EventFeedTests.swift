@@ -4,6 +4,7 @@ import Logging
 import Messaging
 import OnboardingAPI
 @testable import ServiceRuntime
+import TestSupport
 import Testing
 
 @Suite("Event feed", .timeLimit(.minutes(1)))
