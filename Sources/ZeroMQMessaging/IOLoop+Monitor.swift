@@ -6,7 +6,7 @@ import Messaging
 ///
 /// - **Subscribers that do not read.** A publisher learns each subscriber's connection
 ///   (`ZMQ_EVENT_ACCEPTED` carries its descriptor) and once a second asks the kernel how much
-///   waits in that connection's send queue. A subscriber that stops reading fills it (on
+///   waits unsent in that connection's send queue. A subscriber that stops reading fills it (on
 ///   loopback about 4 MiB) and keeps it full, while a reading one empties it within
 ///   milliseconds; two checks in a row at ``ZeroMQBus/Configuration/slowSubscriberBytes`` or more
 ///   name it in the log and count it in ``BusStatistics/slowSubscribers``. libzmq then drops
@@ -19,7 +19,7 @@ import Messaging
 ///   key (it has another key for this server) in ``BusStatistics/refusedHandshakes``, logged
 ///   once per endpoint and reason for the life of the process.
 ///
-/// The descriptors belong to libzmq: they are only looked at (`ioctl(SIOCOUTQ)`,
+/// The descriptors belong to libzmq: they are only looked at (`ioctl(SIOCOUTQNSD)`,
 /// `getpeername`), never read, written or closed. One that libzmq closed before its
 /// `ZMQ_EVENT_DISCONNECTED` arrived reads as -1 and is forgotten.
 extension IOLoop {
@@ -42,6 +42,9 @@ extension IOLoop {
     static let handshakeFailed =
         ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
     static let handshakeEvents = handshakeFailed | ZMQ_EVENT_HANDSHAKE_SUCCEEDED
+    /// What a server side watches: a refusal by the ZAP handler is logged and counted there, and
+    /// a connection closed before its greeting (a port probe, a health check) is no handshake.
+    static let handshakeBroken = ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
     static let connectionEvents = ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED
 
     /// How often a publisher's subscriber connections are looked at.
@@ -135,12 +138,11 @@ extension IOLoop {
         nextSubscriberCheck = .max
         for id in Array(publishers.keys) {
             guard var publisher = publishers[id] else { continue }
+            var closed: [Int32] = []
             for (fd, var connection) in publisher.connections {
                 let queued = onboarding_send_queue_bytes(fd)
                 guard queued >= 0 else {
-                    publishers[id] = publisher
-                    forget(fd, of: id, why: "closed")
-                    publisher = publishers[id]!
+                    closed.append(fd)
                     continue
                 }
                 connection.fullChecks = queued >= configuration.slowSubscriberBytes ? connection.fullChecks + 1 : 0
@@ -165,7 +167,8 @@ extension IOLoop {
                 publisher.connections[fd] = connection
             }
             publishers[id] = publisher
-            if !publisher.connections.isEmpty { nextSubscriberCheck = now + Self.subscriberCheckInterval }
+            for fd in closed { forget(fd, of: id, why: "closed") }
+            if publishers[id]?.connections.isEmpty == false { nextSubscriberCheck = now + Self.subscriberCheckInterval }
         }
     }
 
@@ -217,9 +220,6 @@ extension IOLoop {
         let why: String
         switch watched {
         case .publisher, .server:
-            // A refusal by the ZAP handler was logged and counted there; a connection closed
-            // before its greeting (a port probe, a health check) is no handshake at all.
-            guard event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL else { return }
             queue.count { $0.refusedHandshakes += 1 }
             why = Self.handshakeReason(event, value: value, client: false)
             guard failedEndpoints.insert(endpoint + why).inserted else { return }
@@ -250,9 +250,8 @@ extension IOLoop {
         case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
             return "a ZMTP protocol error (0x\(String(value, radix: 16)))."
         default:
-            return client
-                ? "the server closed the connection during the handshake: it does not hold the secret key of the public key known for it (a squatter on the port, or a server whose key was replaced), or it does not admit this process's key."
-                : "the client closed the connection during the handshake (it may have another public key for this server)."
+            // Seen by callers only (servers watch protocol failures alone).
+            return "the server closed the connection during the handshake: it does not hold the secret key of the public key known for it (a squatter on the port, or a server whose key was replaced), or it does not admit this process's key."
         }
     }
 }

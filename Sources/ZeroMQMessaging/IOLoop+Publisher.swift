@@ -17,7 +17,7 @@ extension IOLoop {
                 try socket.set(ZMQ_SNDHWM, Int32(clamping: configuration.publishHighWaterMark))
                 try secureServer(socket, at: endpoint, publisher: true)
                 // Before binding: a subscriber that reconnects at once is seen too.
-                watch(socket, as: .publisher(id), events: Self.connectionEvents | Self.handshakeFailed)
+                watch(socket, as: .publisher(id), events: Self.connectionEvents | Self.handshakeBroken)
                 try socket.bind(endpoint)
             }
             publishers[id] = Publisher(socket: socket, endpoint: endpoint)

@@ -38,7 +38,7 @@ extension IOLoop {
                 try socket.set(ZMQ_ROUTER_MANDATORY, Int32(1))
                 try socket.set(ZMQ_SNDHWM, Int32(clamping: configuration.replyHighWaterMark))
                 try secureServer(socket, at: endpoint, publisher: false)
-                watch(socket, as: .server(id), events: Self.handshakeFailed)
+                watch(socket, as: .server(id), events: Self.handshakeBroken)
                 try socket.bind(endpoint)
             }
             servers[id] = Server(socket: socket, endpoint: endpoint, limits: limits, sink: sink)
