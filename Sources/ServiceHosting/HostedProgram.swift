@@ -98,7 +98,11 @@ public struct HostCommand<Hosted: HostedProgram>: AsyncParsableCommand {
             let bus = try BusSecurity.busConfiguration(for: Hosted.program, settings: settings)
             let metrics = try Setting.metrics(for: Hosted.program).flatMap { try settings.optionalHTTPAddress($0) }
                 .map { (host: $0.host, port: $0.port, own: try Self.requestEndpoint(settings)) }
-            try await Hosting.run(name: Hosted.name, settings: settings, logger: logger, bus: bus, metrics: metrics) { bus in
+            let metricsSetting = Setting.metrics(for: Hosted.program)?.environmentVariable ?? "the metrics setting"
+            try await Hosting.run(
+                name: Hosted.name, settings: settings, logger: logger, bus: bus,
+                metrics: metrics.map { ($0.host, $0.port, $0.own, metricsSetting) }
+            ) { bus in
                 try await Hosted.services(Host(settings: settings, bus: bus, logger: logger))
             }
         } catch let error as SettingError {
@@ -148,7 +152,7 @@ public enum Hosting {
     /// The bus is shut down last, after every service has finished what it had in flight.
     public static func run(
         name: String, settings: Settings, logger: Logger, bus configuration: ZeroMQBus.Configuration,
-        metrics: (host: String, port: Int, own: Endpoint?)? = nil,
+        metrics: (host: String, port: Int, own: Endpoint?, setting: String)? = nil,
         makeServices: (ZeroMQBus) async throws -> [any Service]
     ) async throws {
         let bus = ZeroMQBus(source: name, logger: logger, configuration: configuration)
@@ -164,7 +168,7 @@ public enum Hosting {
                             guard let own else { return nil }
                             return try? await bus.call(HealthCheck(), to: own, source: name, timeout: .seconds(2))
                         },
-                        logger: logger))
+                        logger: logger, setting: metrics.setting))
             }
             if let parent = try settings.optionalInteger(.exitWithParent) {
                 services.append(ParentWatch(parent: pid_t(parent), logger: logger))

@@ -2,6 +2,7 @@ import Foundation
 import Hummingbird
 import Logging
 import Messaging
+import NIOCore
 import OnboardingAPI
 import Prometheus
 import ServiceLifecycle
@@ -22,14 +23,17 @@ public struct MetricsEndpoint: Service {
     /// The service's own health reply, or `nil` (the gateway, or no answer in time).
     let health: @Sendable () async -> HealthStatus?
     let logger: Logger
+    /// The setting that chose the address, for the error when it cannot be used.
+    let setting: String
     /// Called with the port once listening (the real one when `port` is 0).
     let onListening: @Sendable (Int) async -> Void
 
     public init(
         host: String, port: Int, statistics: @escaping @Sendable () -> BusStatistics,
-        health: @escaping @Sendable () async -> HealthStatus? = { nil }, logger: Logger,
+        health: @escaping @Sendable () async -> HealthStatus? = { nil }, logger: Logger, setting: String = "the metrics setting",
         onListening: @escaping @Sendable (Int) async -> Void = { _ in }
     ) {
+        self.setting = setting
         self.host = host
         self.port = port
         self.statistics = statistics
@@ -58,7 +62,14 @@ public struct MetricsEndpoint: Service {
                 await onListening(bound)
             },
             logger: logger)
-        try await application.run()
+        do {
+            try await application.run()
+        } catch let error as IOError where error.errnoCode == EADDRINUSE || error.errnoCode == EADDRNOTAVAIL {
+            throw ServiceError(
+                .addressInUse,
+                "Cannot serve metrics at \(host):\(port): \(String(cString: strerror(error.errnoCode))). Give \(setting) a free "
+                    + "address of this host, or off.")
+        }
     }
 }
 
