@@ -1,3 +1,4 @@
+import FuzzKit
 import ServiceRuntime
 import Synchronization
 import Testing
@@ -43,5 +44,35 @@ struct GroupCommitterTests {
         #expect(batches.dropFirst().flatMap { $0 }.sorted() == Array(1...6))
         #expect(await committer.submit(7) == "done 7", "idle again: the next job starts a transaction of its own")
         #expect(store.batches.withLock { $0.last } == [7])
+    }
+}
+
+@Suite("Group commit under random interleavings")
+struct GroupCommitterInterleavingTests {
+    @Test("whatever the timing: every job is committed once, with its own outcome, in batches that keep submission order", arguments: 0..<20)
+    func anyInterleaving(seed: Int) async {
+        var generator = FuzzRandom(seed: UInt64(seed))
+        let maxBatch = Int.random(in: 1...5, using: &generator)
+        let delays = (0..<40).map { _ in Int.random(in: 0...3, using: &generator) }
+        let batches = Mutex<[[Int]]>([])
+        let committer = GroupCommitter<Int, Int>(maxBatch: maxBatch) { jobs in
+            batches.withLock { $0.append(jobs) }
+            for _ in 0..<(jobs.first.map { delays[$0] } ?? 0) { await Task.yield() }
+            return jobs.map { $0 * 10 }
+        }
+        let outcomes = await withTaskGroup(of: (Int, Int).self) { group in
+            for job in delays.indices {
+                group.addTask {
+                    for _ in 0..<delays[job] { await Task.yield() }
+                    return (job, await committer.submit(job))
+                }
+            }
+            return await group.reduce(into: [:]) { $0[$1.0] = $1.1 }
+        }
+        #expect(outcomes.count == delays.count && outcomes.allSatisfy { $0.value == $0.key * 10 }, "each caller gets its own outcome")
+        let committed = batches.withLock { $0 }
+        #expect(committed.flatMap { $0 }.sorted() == Array(delays.indices), "every job committed exactly once")
+        #expect(committed.allSatisfy { !$0.isEmpty && $0.count <= maxBatch }, "no batch empty or above the limit")
+        #expect(committer.waitingCount == 0)
     }
 }
