@@ -135,10 +135,19 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // auth's store on PostgreSQL (the executable links it; AuthService never sees postgres-nio).
+        .target(
+            name: "AuthPostgres",
+            dependencies: [
+                "AuthService", "PostgresSupport", "Messaging", "OnboardingAPI", "OnboardingSettings", "ServiceRuntime",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .testTarget(
             name: "PostgresTests",
             dependencies: [
-                "PostgresSupport", "Messaging", "OnboardingAPI", "ServiceRuntime", "TestSupport",
+                "PostgresSupport", "AuthPostgres", "AuthService", "Messaging", "OnboardingAPI", "ServiceRuntime", "TestSupport",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -237,7 +246,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "auth-service",
-            dependencies: ["AuthService", "ServiceHosting", "OnboardingAPI", "OnboardingSettings"]
+            dependencies: ["AuthService", "AuthPostgres", "ServiceHosting", "OnboardingAPI", "OnboardingSettings"]
         ),
 
         .target(
@@ -288,7 +297,7 @@ let package = Package(
             name: "ServiceTests",
             dependencies: [
                 "AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator", "ImageFixtures",
-                "ZeroMQMessaging", "TestSupport", "FuzzKit",
+                "ZeroMQMessaging", "TestSupport", "FuzzKit", "AuthPostgres",
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ]
         ),
@@ -429,9 +438,16 @@ let package = Package(
         // Seeded random numbers, a byte-exact JSON writer and a corpus of hostile values, shared by
         // the fuzz tests of several test targets. Foundation only.
         .target(name: "FuzzKit", path: "Tests/FuzzKit"),
-        // What several test targets share: a logger that keeps its lines, a loopback listener.
+        // What several test targets share: a logger that keeps its lines, a loopback listener, the
+        // test PostgreSQL database (a fresh schema per test) and the stores a test runs on.
         .target(
-            name: "TestSupport", dependencies: [.product(name: "Logging", package: "swift-log")], path: "Tests/TestSupport"),
+            name: "TestSupport",
+            dependencies: [
+                "PostgresSupport",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+            ],
+            path: "Tests/TestSupport"),
         // Real images made with libvips (PNG, JPEG, WebP, HEIC, with EXIF when asked), hand-made
         // hostile files, and readers of the metadata a stored file carries.
         .target(name: "ImageFixtures", dependencies: ["CVips"], path: "Tests/ImageFixtures"),

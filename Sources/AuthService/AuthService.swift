@@ -31,8 +31,12 @@ public struct AuthService: Service {
         public var rpc: Endpoint
         /// Where events are published.
         public var events: Endpoint
-        /// The SQLite file; `nil` keeps everything in memory (tests).
+        /// The SQLite file; `nil` keeps everything in memory (tests). Unused when ``database``
+        /// is set.
         public var databasePath: String?
+        /// Another database than SQLite (PostgreSQL: `AuthPostgresDatabase`, in the
+        /// `AuthPostgres` module); `nil`: the SQLite file at ``databasePath``.
+        public var database: (any AuthDatabase)?
         /// Accept sign-ins by provider subject alone, without an ID token (local use only).
         /// Ignored when an ``IdentityVerifier`` is given to ``AuthService/init(configuration:bus:logger:identities:)``.
         public var devMode: Bool
@@ -61,7 +65,8 @@ public struct AuthService: Service {
             identityProviders: IdentityProviderSettings = IdentityProviderSettings(),
             sessions: SessionPolicy = SessionPolicy(),
             clock: @escaping @Sendable () -> Date = { Date() },
-            unlink: UnlinkConfiguration = UnlinkConfiguration()
+            unlink: UnlinkConfiguration = UnlinkConfiguration(),
+            database: (any AuthDatabase)? = nil
         ) {
             self.rpc = rpc
             self.events = events
@@ -73,7 +78,11 @@ public struct AuthService: Service {
             self.sessions = sessions
             self.clock = clock
             self.unlink = unlink
+            self.database = database
         }
+
+        /// Where the store is kept: ``database``, or the SQLite file at ``databasePath``.
+        public var storeDatabase: any AuthDatabase { database ?? SQLiteAuthDatabase(path: databasePath) }
     }
 
     public let configuration: Configuration
@@ -112,8 +121,9 @@ public struct AuthService: Service {
         }
     }
 
-    /// Opens and migrates the database, binds the event publisher, and answers requests until
-    /// graceful shutdown or cancellation, letting requests in flight finish.
+    /// Binds the event publisher, opens and migrates the store (``Configuration/storeDatabase``),
+    /// and answers requests until graceful shutdown or cancellation, letting requests in flight
+    /// finish.
     ///
     /// - Throws: a database error when the store cannot be opened or migrated, or the bus's
     ///   ``ServiceError`` (such as `addressInUse`) when an endpoint cannot be bound.
@@ -123,62 +133,57 @@ public struct AuthService: Service {
         } else if let providers = identities as? ProviderIdentityVerifier {
             for line in providers.settings.summary { logger.notice("sign-in with \(line)") }
         }
-        let path = configuration.databasePath
-        let database = try await ServiceDatabase.offPool {
-            let database = try ServiceDatabase.open(path: path)
-            try AuthStore.migrator.migrate(database)
-            return database
-        }
-        try await ServiceDatabase.closing(database, logger: logger) {
-            let publisher = try await bus.publisher(at: configuration.events)
-            defer { publisher.close() }
-            logger.info("auth publishes events at \(configuration.events)")
-            let store = AuthStore(database: database, outbox: Outbox(source: ServiceName.auth, publisher: publisher), logger: logger,
-                clock: configuration.clock, sessions: configuration.sessions)
-            let unlink = UnlinkWorker(configuration: configuration.unlink, store: store, logger: logger)
+        let publisher = try await bus.publisher(at: configuration.events)
+        defer { publisher.close() }
+        logger.info("auth publishes events at \(configuration.events)")
+        let database = configuration.storeDatabase
+        logger.info("auth keeps its store in \(database)")
+        let context = AuthStorageContext(
+            publisher: publisher, sessions: configuration.sessions, clock: configuration.clock,
+            eventRetention: configuration.eventRetention, logger: logger)
+        let (bus, identities, serviceToken, logger) = (bus, identities, configuration.serviceToken, logger)
+        let (unlinkConfiguration, rpc) = (configuration.unlink, configuration.rpc)
+        try await database.withStorage(context) { store in
+            let unlink = UnlinkWorker(configuration: unlinkConfiguration, store: store, logger: logger)
             let server = RequestServer(
-                bus: bus, endpoint: configuration.rpc,
+                bus: bus, endpoint: rpc,
                 dispatcher: Self.dispatcher(
-                    store: store, identities: identities, serviceToken: configuration.serviceToken, logger: logger,
-                    unlink: unlink),
+                    store: store, identities: identities, serviceToken: serviceToken, logger: logger, unlink: unlink),
                 logger: logger)
-            try await withEventRetention(configuration.eventRetention, database: database, logger: logger) {
-                try await withCheckpoints(path: configuration.databasePath, writer: database, logger: logger) {
-                    try await unlink.running { try await server.run() }
-                }
-            }
+            try await unlink.running { try await server.run() }
         }
     }
 
     private static func dispatcher(
-        store: AuthStore, identities: any IdentityVerifier, serviceToken: String?, logger: Logger, unlink: UnlinkWorker
+        store: any AuthStorage, identities: any IdentityVerifier, serviceToken: String?, logger: Logger, unlink: UnlinkWorker
     ) -> RequestDispatcher {
         var dispatcher = RequestDispatcher(source: ServiceName.auth, sessions: store, serviceToken: serviceToken, logger: logger)
-        if let immediate = identities as? any ImmediateIdentityVerifier {
-            // The hot path: verified, written and answered on the bus's thread, a batch of
+        let sqlite = store as? AuthStore
+        if let sqlite, let immediate = identities as? any ImmediateIdentityVerifier {
+            // SQLite's hot path: verified, written and answered on the bus's thread, a batch of
             // sign-ins per transaction.
-            let outbox = store.outbox
-            dispatcher.onLoop(SignIn.self, access: .open, database: store.database) { request, context, db in
+            let outbox = sqlite.outbox
+            dispatcher.onLoop(SignIn.self, access: .open, database: sqlite.database) { request, context, db in
                 let subject = try immediate.verifyNow(request)
                 return try AuthStore.signIn(
                     provider: request.provider, subject: subject, correlationId: context.message.header.id, outbox: outbox,
-                    sessions: store.sessions, pruning: store.pruning, now: store.clock(), in: db)
+                    sessions: sqlite.sessions, pruning: sqlite.pruning, now: sqlite.clock(), in: db)
             }
         } else {
             dispatcher.on(SignIn.self, access: .open) { request, context in
-            // Verified before the store is touched: a sign-in whose keys must be fetched (or
-            // that Naver must answer) waits here, off the bus's thread. The subject is ignored
-            // here, but its rule holds in every mode, as the schema says.
-            if let problem = SignIn.subjectProblem(request.subject) { throw problem }
-            let subject = try await identities.verify(request)
-            let result = try await store.signIn(
-                provider: request.provider, subject: subject, correlationId: context.message.header.id)
-            await unlink.recordGrant(for: request, uid: result.uid)
-            // Per sign-in: debug, so that 1,000 sign-ins/s do not flood the log.
-            logger.debug(
-                "signed in",
-                metadata: ["uid": "\(result.uid)", "provider": "\(result.provider.rawValue)", "new": "\(result.isNewAccount)"])
-            return result
+                // Verified before the store is touched: a sign-in whose keys must be fetched (or
+                // that Naver must answer) waits here, off the bus's thread. The subject is ignored
+                // here, but its rule holds in every mode, as the schema says.
+                if let problem = SignIn.subjectProblem(request.subject) { throw problem }
+                let subject = try await identities.verify(request)
+                let result = try await store.signIn(
+                    provider: request.provider, subject: subject, correlationId: context.message.header.id)
+                await unlink.recordGrant(for: request, uid: result.uid)
+                // Per sign-in: debug, so that 1,000 sign-ins/s do not flood the log.
+                logger.debug(
+                    "signed in",
+                    metadata: ["uid": "\(result.uid)", "provider": "\(result.provider.rawValue)", "new": "\(result.isNewAccount)"])
+                return result
             }
         }
         // Sign-out and withdrawal check the token themselves, in the transaction that ends the
@@ -197,32 +202,40 @@ public struct AuthService: Service {
             logger.notice("withdrawn", metadata: ["uid": "\(uid)"])
             return AccountResult(uid: uid)
         }
-        // Every other service asks this for each app request: answered on the bus's thread.
-        // A session whose use must be recorded (at most hourly) or that just expired needs a
-        // write: that rare case is answered later, from the async path.
-        dispatcher.onLoop(VerifySession.self, access: .open, database: store.database, writes: false) {
-            request, _, db, reply -> AccountResult? in
-            switch try AuthStore.lookUp(token: request.sessionToken, policy: store.sessions, now: store.clock(), in: db) {
-            case .live(let uid, renew: false):
-                return AccountResult(uid: uid)
-            case .ended(let ending):
-                throw AuthStore.refusal(ending)
-            case .live(_, renew: true), .expired:
-                Task {
-                    do {
-                        reply.send(.success(AccountResult(uid: try await store.uid(forSessionToken: request.sessionToken))))
-                    } catch {
-                        reply.send(.failure(error as? ServiceError ?? ServiceError(.storeUnavailable, "\(error)")))
+        if let sqlite {
+            // Every other service asks this for each app request: answered on the bus's thread.
+            // A session whose use must be recorded (at most hourly) or that just expired needs a
+            // write: that rare case is answered later, from the async path.
+            dispatcher.onLoop(VerifySession.self, access: .open, database: sqlite.database, writes: false) {
+                request, _, db, reply -> AccountResult? in
+                switch try AuthStore.lookUp(token: request.sessionToken, policy: sqlite.sessions, now: sqlite.clock(), in: db) {
+                case .live(let uid, renew: false):
+                    return AccountResult(uid: uid)
+                case .ended(let ending):
+                    throw SessionRefusal.of(ending)
+                case .live(_, renew: true), .expired:
+                    Task {
+                        do {
+                            reply.send(.success(AccountResult(uid: try await sqlite.uid(forSessionToken: request.sessionToken))))
+                        } catch {
+                            reply.send(.failure(error as? ServiceError ?? ServiceError(.storeUnavailable, "\(error)")))
+                        }
                     }
+                    return nil
                 }
-                return nil
+            }
+            dispatcher.onEventsAfter(database: sqlite.database)
+        } else {
+            dispatcher.on(VerifySession.self, access: .open) { request, _ in
+                AccountResult(uid: try await store.uid(forSessionToken: request.sessionToken))
+            }
+            dispatcher.on(EventsAfter.self, access: .serviceWithoutUID) { request, _ in
+                try await store.events(after: request.sequence, limit: request.limit)
             }
         }
-        dispatcher.onEventsAfter(database: store.database)
         // Health replies show the unlink queue (pending jobs, the oldest one's age, the last error).
-        let database = store.database
         dispatcher.healthDetails = { status in
-            status.unlink = try? await database.read { try unlink.status(in: $0) }
+            status.unlink = try? await unlink.status()
         }
         return dispatcher
     }

@@ -9,29 +9,8 @@ import Synchronization
 /// the cap per account, and pruning. Kept apart from the sign-in and sign-out transactions,
 /// which call in here.
 extension AuthStore {
-    /// How many expired sessions of other accounts one sign-in prunes, at most (each with a
-    /// `SignedOut` event for its account), so that pruning costs every sign-in little and
-    /// still drains what expires.
-    static let pruneBatch = 16
-
-    /// When sign-ins next look for other accounts' expired sessions: at most once a second
-    /// while a look finds fewer than ``AuthStore/pruneBatch`` (an expired session is refused
-    /// when presented whether or not it was pruned yet), at once after a full one.
-    final class PruneSchedule: Sendable {
-        private let next = Mutex(Date.distantPast)
-
-        static let interval: TimeInterval = 1
-
-        /// Whether a sign-in at `now` should look.
-        func isDue(at now: Date) -> Bool {
-            next.withLock { now >= $0 }
-        }
-
-        /// A look at `now` found `count` sessions to prune.
-        func looked(at now: Date, found count: Int) {
-            next.withLock { $0 = count >= AuthStore.pruneBatch ? .distantPast : now.addingTimeInterval(Self.interval) }
-        }
-    }
+    static let pruneBatch = SessionPruneSchedule.batch
+    typealias PruneSchedule = SessionPruneSchedule
 
     static func registerSessionLifetimeMigration(in migrator: inout DatabaseMigrator) {
         migrator.registerMigration("auth-v4-session-last-use") { db in
@@ -58,13 +37,9 @@ extension AuthStore {
             let sessions = try Row.fetchAll(
                 db.cachedStatement(sql: "SELECT id, token, lastUsedAt FROM session WHERE uid = ? ORDER BY lastUsedAt DESC, id DESC"),
                 arguments: [uid])
-            let expired = sessions.filter { ($0["lastUsedAt"] as String) < cutoff }
-            let evicted = policy.evicted(sessions)
-            var ended: Set<Int64> = []
-            for (row, ending) in expired.map({ ($0, SessionEnding.expired) }) + evicted.map({ ($0, .evicted) }) {
-                let id: Int64 = row["id"]
-                guard ended.insert(id).inserted else { continue }
-                try db.execute(sql: "DELETE FROM session WHERE id = ?", arguments: [id])
+            let endings = policy.endings(atSignIn: sessions, now: now) { Timestamp.parse($0["lastUsedAt"]) ?? .distantPast }
+            for (row, ending) in endings {
+                try db.execute(sql: "DELETE FROM session WHERE id = ?", arguments: [row["id"] as Int64])
                 try recordEnding(ending, digest: row["token"], uid: uid, at: now, in: db)
             }
         }
@@ -87,16 +62,6 @@ extension AuthStore {
         }
     }
 
-    /// What a session token is, as of `now`: a read, for the bus's thread.
-    enum SessionLookup: Sendable, Hashable {
-        /// Live; `renew`: its last use should be recorded (a write) to slide its expiry.
-        case live(uid: String, renew: Bool)
-        /// Past its lifetime, not yet ended in the store.
-        case expired(uid: String)
-        /// Not a session (any more): how it ended, when that is known.
-        case ended(SessionEnding?)
-    }
-
     static func lookUp(token: String, policy: SessionPolicy, now: Date, in db: Database) throws -> SessionLookup {
         let key = SessionKey(token: token)
         let (condition, arguments) = key.condition
@@ -106,19 +71,7 @@ extension AuthStore {
         else {
             return .ended(token.isEmpty ? nil : try ended(digest: key.digest, asOf: now, in: db)?.ending)
         }
-        let uid: String = row["uid"]
-        let lastUsed = Timestamp.parse(row["lastUsedAt"]) ?? .distantPast
-        if policy.isExpired(lastUsed: lastUsed, now: now) { return .expired(uid: uid) }
-        return .live(uid: uid, renew: policy.needsRenewal(lastUsed: lastUsed, now: now))
-    }
-
-    /// The error for a token that is not a live session.
-    static func refusal(_ ending: SessionEnding?) -> ServiceError {
-        switch ending {
-        case .expired?: sessionExpired
-        case .evicted?: sessionEvicted
-        default: unauthenticatedSession
-        }
+        return .found(uid: row["uid"], lastUsed: Timestamp.parse(row["lastUsedAt"]) ?? .distantPast, policy: policy, now: now)
     }
 
     /// The uid of `token`'s live session, sliding its expiry when its last recorded use is old
@@ -152,9 +105,9 @@ extension AuthStore {
                     SignedOut(uid: uid, sessions: try Self.liveSessionCount(of: uid, in: db)), uid: uid,
                     correlationId: UUID().uuidString.lowercased(), in: db)
             }
-            throw Self.sessionExpired
+            throw SessionRefusal.expired
         case .ended(let ending):
-            throw Self.refusal(ending)
+            throw SessionRefusal.of(ending)
         }
     }
 
@@ -171,13 +124,4 @@ extension AuthStore {
     static func liveSessionCount(of uid: String, in db: Database) throws -> Int {
         try Int.fetchOne(db.cachedStatement(sql: "SELECT COUNT(*) FROM session WHERE uid = ?"), arguments: [uid]) ?? 0
     }
-
-    static let sessionExpired = ServiceError(
-        .unauthenticated, "The session expired: it was not used for too long. Sign in again.", reason: "sessionExpired")
-    static let sessionEvicted = ServiceError(
-        .unauthenticated,
-        "The session was ended because the account signed in on too many devices (the oldest session ends). Sign in again.",
-        reason: "sessionEvicted")
-    static let unauthenticatedSession = ServiceError(
-        .unauthenticated, "The session token is not valid: it is unknown, signed out or withdrawn. Sign in again.")
 }

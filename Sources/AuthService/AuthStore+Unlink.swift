@@ -67,8 +67,9 @@ extension AuthStore {
     // The worker's own queries throw the database's errors as they are (a cancellation at
     // shutdown included): the worker logs what is not a cancellation.
 
-    /// Up to `limit` jobs whose next attempt is due at `now`, the longest due first.
-    func dueUnlinkJobs(at now: Date, limit: Int) async throws -> [UnlinkJob] {
+    /// Up to `limit` jobs whose next attempt is due at `now`, the longest due first. The lease is
+    /// not recorded: one process owns a SQLite store, and its one worker is the only claimant.
+    func claimDueUnlinkJobs(at now: Date, limit: Int, lease: TimeInterval) async throws -> [UnlinkJob] {
         try await database.read { db in
             try Row.fetchAll(
                 db, sql: "SELECT * FROM unlinkJob WHERE nextAttemptAt <= ? ORDER BY nextAttemptAt LIMIT ?",
@@ -98,9 +99,8 @@ extension AuthStore {
         }
     }
 
-    /// Drops `job` unsent.
-    func dropUnlink(_ job: UnlinkJob) async throws {
-        try await apply(.refused(""), to: job, at: clock())
+    func unlinkQueueStatus(at now: Date) async throws -> UnlinkQueueStatus {
+        try await database.read { db in try Self.unlinkQueueStatus(at: now, in: db) }
     }
 
     /// The queue as `health` shows it; `lastError` is the newest failure recorded on a pending job.

@@ -5,18 +5,6 @@ import Messaging
 import OnboardingAPI
 import ServiceRuntime
 
-/// How a session ended.
-enum SessionEnding: String, Sendable {
-    /// `auth.signOut`: this session only; the account stays.
-    case signOut
-    /// `auth.withdraw`: the account was deleted, with every session.
-    case withdrawal
-    /// Not used for ``SessionPolicy/lifetime``.
-    case expired
-    /// Ended by a sign-in beyond ``SessionPolicy/maximumPerAccount``.
-    case evicted
-}
-
 /// Accounts and sessions in SQLite, with the events each change causes written to the outbox in
 /// the same transaction.
 ///
@@ -37,9 +25,9 @@ enum SessionEnding: String, Sendable {
 /// (``uid(forSessionToken:)`` is `unauthenticated`).
 ///
 /// Thread safety: immutable; every method may be called from any task. GRDB serializes writes.
-struct AuthStore: SessionVerifier {
+struct AuthStore: AuthStorage {
     /// How long ended sessions are remembered for retries.
-    static let endedSessionRetention: TimeInterval = 24 * 60 * 60
+    static let endedSessionRetention = SessionEnding.retention
 
     let database: any DatabaseWriter
     let outbox: Outbox
@@ -247,7 +235,7 @@ struct AuthStore: SessionVerifier {
                 try outbox.append(Withdrawn(uid: uid), uid: uid, correlationId: correlationId, in: db)
                 return uid
             }
-            if let ended = try Self.ended(digest: digest, asOf: now, in: db), ended.ending == .withdrawal { return ended.uid }
+            if let ended = try Self.ended(digest: digest, asOf: now, in: db), ended.ending.answersWithdrawal { return ended.uid }
             throw Self.unauthenticated
         }
     }
@@ -279,6 +267,12 @@ struct AuthStore: SessionVerifier {
         try await liveSessionUID(token: token)
     }
 
+    func events(after sequence: UInt64, limit: Int?) async throws -> EventPage {
+        try await withStore(database, write: false, logger: logger) { db in
+            try Outbox.events(after: sequence, limit: limit, in: db)
+        }
+    }
+
     /// How many live sessions `uid` has, as of the current transaction.
     private static func liveSessions(of uid: String, in db: Database) throws -> Int {
         try Int.fetchOne(db.cachedStatement(sql: "SELECT COUNT(*) FROM session WHERE uid = ?"), arguments: [uid]) ?? 0
@@ -292,6 +286,5 @@ struct AuthStore: SessionVerifier {
         return (row["id"], row["uid"])
     }
 
-    private static let unauthenticated = ServiceError(
-        .unauthenticated, "The session token is not valid: it is unknown, signed out or withdrawn. Sign in again.")
+    private static let unauthenticated = SessionRefusal.unknown
 }

@@ -46,4 +46,16 @@ public struct SessionPolicy: Sendable, Hashable {
     public func evicted<Session>(_ newestFirst: [Session]) -> ArraySlice<Session> {
         newestFirst.dropFirst(maximumPerAccount)
     }
+
+    /// Of an account's sessions at a sign-in (its new one included), most recently used first,
+    /// those the sign-in ends and how: the expired ones, and those beyond ``maximumPerAccount``
+    /// (``evicted(_:)``), each once. Every store applies this rule to the rows it read.
+    package func endings<Session>(
+        atSignIn newestFirst: [Session], now: Date, lastUsed: (Session) -> Date
+    ) -> [(session: Session, ending: SessionEnding)] {
+        let cutoff = expiryCutoff(now: now)
+        let expired = newestFirst.indices.filter { lastUsed(newestFirst[$0]) < cutoff }
+        let evicted = evicted(Array(newestFirst.indices)).filter { !expired.contains($0) }
+        return expired.map { (newestFirst[$0], .expired) } + evicted.map { (newestFirst[$0], .evicted) }
+    }
 }

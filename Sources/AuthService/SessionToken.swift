@@ -13,16 +13,16 @@ import Messaging
 ///
 /// Tokens made before session ids (a bare secret, no `.`) are found by the digest of the whole
 /// token (``SessionKey/legacy(digest:)``) and keep working until they end.
-enum SessionToken {
+package enum SessionToken {
     static let byteCount = 32
 
     /// A new secret, to be stored as its ``digest(_:)``.
-    static func makeSecret() -> String {
+    package static func makeSecret() -> String {
         base64URL(SecureRandom.bytes(count: byteCount))
     }
 
     /// The token of session `id` with `secret`.
-    static func token(id: Int64, secret: String) -> String {
+    package static func token(id: Int64, secret: String) -> String {
         "\(id).\(secret)"
     }
 
@@ -50,7 +50,7 @@ enum SessionToken {
     }
 
     /// What the store keeps of `token`: its SHA-256, in lowercase hex.
-    static func digest(_ token: String) -> String {
+    package static func digest(_ token: String) -> String {
         // Hashed where the string's bytes are: no copy into a `Data` on the hot path.
         var token = token
         let hash = token.withUTF8 { SHA256.hash(data: UnsafeRawBufferPointer($0)) }
@@ -71,13 +71,13 @@ enum SessionToken {
 
 /// How a presented session token is found in the store, and the digest that identifies it in
 /// `endedSession` (the digest of its secret: a row can name it without the token).
-enum SessionKey: Sendable, Hashable {
+package enum SessionKey: Sendable, Hashable {
     /// `<id>.<secret>`: the row `id`, whose `token` column must equal `digest`.
     case session(id: Int64, digest: String)
     /// A token made before session ids: the row whose `legacyToken` is `digest`.
     case legacy(digest: String)
 
-    init(token: String) {
+    package init(token: String) {
         if let dot = token.utf8.firstIndex(of: UInt8(ascii: ".")),
             let id = Int64(token[..<dot]), id > 0
         {
@@ -87,7 +87,7 @@ enum SessionKey: Sendable, Hashable {
         }
     }
 
-    var digest: String {
+    package var digest: String {
         switch self {
         case .session(_, let digest), .legacy(let digest): digest
         }

@@ -1,6 +1,5 @@
 import AuthIdentity
 import Foundation
-import GRDB
 import Logging
 import Messaging
 import OnboardingAPI
@@ -57,7 +56,7 @@ public struct UnlinkConfiguration: Sendable {
 /// GRDB's async writes): nothing blocks a concurrency thread or touches the bus.
 final class UnlinkWorker: Sendable {
     let configuration: UnlinkConfiguration
-    private let store: AuthStore
+    private let store: any AuthStorage
     private let logger: Logger
     private let unlinker: ProviderUnlinker
     private let signal = WakeSignal()
@@ -68,12 +67,16 @@ final class UnlinkWorker: Sendable {
     }
     private let state = Mutex(State())
 
-    init(configuration: UnlinkConfiguration, store: AuthStore, logger: Logger) {
+    init(configuration: UnlinkConfiguration, store: any AuthStorage, logger: Logger) {
         self.configuration = configuration
         self.store = store
         self.logger = logger
         self.unlinker = ProviderUnlinker(http: configuration.http, timeout: configuration.requestTimeout)
     }
+
+    /// How long a job this worker claimed stays its own: well past what sending it can take, so
+    /// that another replica takes it up only when this one died with it.
+    private var lease: TimeInterval { max(60, 4 * configuration.requestTimeout) }
 
     /// A job was queued: look at the queue now.
     func wake() { signal.wake() }
@@ -97,7 +100,7 @@ final class UnlinkWorker: Sendable {
             let now = store.clock()
             var pause: TimeInterval?
             do {
-                let due = try await store.dueUnlinkJobs(at: now, limit: configuration.concurrency)
+                let due = try await store.claimDueUnlinkJobs(at: now, limit: configuration.concurrency, lease: lease)
                 if !due.isEmpty {
                     let failed = await withTaskGroup(of: Bool.self) { group in
                         for job in due { group.addTask { await self.process(job) } }
@@ -124,7 +127,7 @@ final class UnlinkWorker: Sendable {
         do {
             switch job.plan(configuration.providers) {
             case .drop(let reason):
-                try await store.dropUnlink(job)
+                try await store.apply(.refused(""), to: job, at: store.clock())
                 if case .notConfigured(let provider) = reason {
                     let first = state.withLock { $0.warnedNotConfigured.insert(provider).inserted }
                     if first { logger.notice("\(reason) (said once per provider)") }
@@ -178,10 +181,10 @@ final class UnlinkWorker: Sendable {
 
     // MARK: Health
 
-    /// The queue for `health`: counted in `db`, with the newest failure seen since start when it
-    /// is newer than any recorded on a pending job (a refusal leaves none there).
-    func status(in db: Database) throws -> UnlinkQueueStatus {
-        var status = try AuthStore.unlinkQueueStatus(at: store.clock(), in: db)
+    /// The queue for `health`: counted in the store, with the newest failure seen since start
+    /// when it is newer than any recorded on a pending job (a refusal leaves none there).
+    func status() async throws -> UnlinkQueueStatus {
+        var status = try await store.unlinkQueueStatus(at: store.clock())
         if let failure = state.withLock({ $0.lastFailure }), failure.at >= (status.lastErrorAt ?? "") {
             status.lastError = failure.error
             status.lastErrorAt = failure.at

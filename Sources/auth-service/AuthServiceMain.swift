@@ -1,3 +1,4 @@
+import AuthPostgres
 import AuthService
 import OnboardingAPI
 import OnboardingSettings
@@ -11,6 +12,8 @@ enum AuthServiceMain: HostedProgram {
     static let abstract = "Signs people in with a social provider, keeps their sessions and publishes auth events."
 
     static func services(_ host: Host) async throws -> [any Service] {
-        [try AuthService(configuration: .init(host.settings), bus: host.bus, logger: host.logger)]
+        var configuration = try AuthService.Configuration(host.settings)
+        configuration.database = try AuthPostgresDatabase(host.settings)
+        return [try AuthService(configuration: configuration, bus: host.bus, logger: host.logger)]
     }
 }

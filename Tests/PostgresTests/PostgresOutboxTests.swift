@@ -13,8 +13,7 @@ import Testing
 import Glibc
 #endif
 
-/// The database the tests use: `./compose/onboarding test` starts a private cluster and sets it.
-let testDatabaseURL = ProcessInfo.processInfo.environment["ONBOARDING_TEST_POSTGRES_URL"]
+let testDatabaseURL = TestPostgres.url
 
 let quietLogger: Logger = {
     var logger = Logger(label: "test.postgres")
@@ -26,18 +25,14 @@ let quietLogger: Logger = {
 func withTestSchema<T: Sendable>(
     _ body: @Sendable (PostgresClient, PostgresLocation) async throws -> T
 ) async throws -> T {
-    let url = try #require(testDatabaseURL, "ONBOARDING_TEST_POSTGRES_URL is not set")
-    let schema = "t_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "").prefix(24)
-    let location = try PostgresLocation(url: url, schema: String(schema))
-    let client = PostgresClient(
-        configuration: location.clientConfiguration(applicationName: "onboarding-tests"), backgroundLogger: quietLogger)
-    return try await withThrowingTaskGroup(of: Void.self) { group in
-        group.addTask { await client.run() }
-        defer { group.cancelAll() }
-        let result: Result<T, any Error>
-        do { result = .success(try await body(client, location)) } catch { result = .failure(error) }
-        try await client.query(PostgresQuery(unsafeSQL: "DROP SCHEMA IF EXISTS \(schema) CASCADE"), logger: quietLogger)
-        return try result.get()
+    try await TestPostgres.withSchema { location in
+        let client = PostgresClient(
+            configuration: location.clientConfiguration(applicationName: "onboarding-tests"), backgroundLogger: quietLogger)
+        return try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            defer { group.cancelAll() }
+            return try await body(client, location)
+        }
     }
 }
 

@@ -4,6 +4,7 @@ import Messaging
 import OnboardingAPI
 import ServiceRuntime
 import Synchronization
+import TestSupport
 import Testing
 
 @testable import AuthService
@@ -31,9 +32,9 @@ extension AuthServiceTests {
 
     // MARK: Retries
 
-    @Test("a retried sign-out answers the same uid and publishes nothing more; the session stays ended")
-    func retriedSignOut() async throws {
-        try await withAuth {
+    @Test("a retried sign-out answers the same uid and publishes nothing more; the session stays ended", arguments: StoreKind.available)
+    func retriedSignOut(store: StoreKind) async throws {
+        try await withAuth(store) {
             let stream = try await bus.subscribe(to: [events], topics: ["auth."], limits: MessageLimits())
             let session = try await signIn(.kakao, "retry")
             #expect(try await signOut(token: session.sessionToken).uid == session.uid)
@@ -53,9 +54,9 @@ extension AuthServiceTests {
         }
     }
 
-    @Test("a retried withdrawal answers the same uid and publishes nothing more; the account stays gone")
-    func retriedWithdrawal() async throws {
-        try await withAuth {
+    @Test("a retried withdrawal answers the same uid and publishes nothing more; the account stays gone", arguments: StoreKind.available)
+    func retriedWithdrawal(store: StoreKind) async throws {
+        try await withAuth(store) {
             let stream = try await bus.subscribe(to: [events], topics: ["auth."], limits: MessageLimits())
             let session = try await signIn(.naver, "retry")
             #expect(try await withdraw(token: session.sessionToken).uid == session.uid)
@@ -70,9 +71,9 @@ extension AuthServiceTests {
         }
     }
 
-    @Test("a withdrawal with a signed-out session is unauthenticated, and the account stays")
-    func withdrawAfterSignOut() async throws {
-        try await withAuth {
+    @Test("a withdrawal with a signed-out session is unauthenticated, and the account stays", arguments: StoreKind.available)
+    func withdrawAfterSignOut(store: StoreKind) async throws {
+        try await withAuth(store) {
             let session = try await signIn(.google, "careful")
             _ = try await signOut(token: session.sessionToken)
             await expectError(.unauthenticated) { try await withdraw(token: session.sessionToken) }
@@ -81,9 +82,9 @@ extension AuthServiceTests {
         }
     }
 
-    @Test("a sign-out of a withdrawn session answers the withdrawn uid, and publishes nothing")
-    func signOutAfterWithdrawal() async throws {
-        try await withAuth {
+    @Test("a sign-out of a withdrawn session answers the withdrawn uid, and publishes nothing", arguments: StoreKind.available)
+    func signOutAfterWithdrawal(store: StoreKind) async throws {
+        try await withAuth(store) {
             let stream = try await bus.subscribe(to: [events], topics: ["auth."], limits: MessageLimits())
             let session = try await signIn(.apple, "gone")
             _ = try await withdraw(token: session.sessionToken)
@@ -95,9 +96,9 @@ extension AuthServiceTests {
         }
     }
 
-    @Test("another session that a withdrawal ended is not a retry: both are unauthenticated")
-    func otherSessionOfAWithdrawal() async throws {
-        try await withAuth {
+    @Test("another session that a withdrawal ended is not a retry: both are unauthenticated", arguments: StoreKind.available)
+    func otherSessionOfAWithdrawal(store: StoreKind) async throws {
+        try await withAuth(store) {
             let phone = try await signIn(.kakao, "two-devices")
             let tablet = try await signIn(.kakao, "two-devices")
             _ = try await withdraw(token: phone.sessionToken)
@@ -106,10 +107,10 @@ extension AuthServiceTests {
         }
     }
 
-    @Test("simultaneous sign-outs of one session all answer its uid, and one event is published")
-    func simultaneousSignOuts() async throws {
-        try await withTemporaryDirectory { directory in
-            try await withAuth(databasePath: "\(directory)/auth.sqlite") {
+    @Test("simultaneous sign-outs of one session all answer its uid, and one event is published", arguments: StoreKind.available)
+    func simultaneousSignOuts(store: StoreKind) async throws {
+        try await withAuthDatabase(store) { database in
+            try await withAuth(database: database) {
                 let stream = try await bus.subscribe(to: [events], topics: ["auth."], limits: MessageLimits())
                 let session = try await signIn(.google, "impatient")
                 let uids = try await withThrowingTaskGroup(of: String.self) { group in

@@ -1,9 +1,11 @@
+import AuthPostgres
 @testable import AuthService
 import Foundation
 import GRDB
 import Messaging
 import OnboardingAPI
 import ServiceRuntime
+import TestSupport
 import Testing
 
 @Suite("auth", .timeLimit(.minutes(1)))
@@ -12,16 +14,27 @@ struct AuthServiceTests {
     let rpc = Defaults.authRPC
     let events = Defaults.authEvents
 
-    /// Runs auth (dev mode unless told otherwise) on this test's bus for the length of `body`.
+    /// Runs auth (dev mode unless told otherwise) on this test's bus for the length of `body`,
+    /// with its store on `database` (`nil`: the SQLite file at `databasePath`, or memory).
     @discardableResult
     func withAuth<Result: Sendable>(
-        devMode: Bool = true, databasePath: String? = nil, identities: (any IdentityVerifier)? = nil,
-        bus: InProcessBus? = nil, _ body: () async throws -> Result
+        devMode: Bool = true, databasePath: String? = nil, database: (any AuthDatabase)? = nil,
+        identities: (any IdentityVerifier)? = nil, bus: InProcessBus? = nil, _ body: () async throws -> Result
     ) async throws -> Result {
         let bus = bus ?? self.bus
-        let configuration = AuthService.Configuration(rpc: rpc, events: events, databasePath: databasePath, devMode: devMode)
+        var configuration = AuthService.Configuration(rpc: rpc, events: events, databasePath: databasePath, devMode: devMode)
+        configuration.database = database
         let service = try AuthService(configuration: configuration, bus: bus, logger: quietLogger, identities: identities)
         return try await withRunningService(service, on: bus, answeringAt: rpc, body)
+    }
+
+    /// ``withAuth(devMode:databasePath:database:identities:bus:_:)`` on a fresh store of `kind`
+    /// (SQLite in memory, or a fresh PostgreSQL schema).
+    @discardableResult
+    func withAuth<Result: Sendable>(
+        _ kind: StoreKind, devMode: Bool = true, _ body: () async throws -> Result
+    ) async throws -> Result {
+        try await withAuthDatabase(kind, inMemory: true) { database in try await withAuth(devMode: devMode, database: database, body) }
     }
 
     func signIn(_ provider: Provider, _ subject: String, idToken: String? = nil, on bus: InProcessBus? = nil) async throws -> SignInResult {
@@ -49,9 +62,9 @@ struct AuthServiceTests {
 
     // MARK: Accounts
 
-    @Test("signing in again with the same provider account gives the same uid")
-    func sameAccountSameUID() async throws {
-        try await withAuth {
+    @Test("signing in again with the same provider account gives the same uid", arguments: StoreKind.available)
+    func sameAccountSameUID(store: StoreKind) async throws {
+        try await withAuth(store) {
             let first = try await signIn(.google, "alice")
             let second = try await signIn(.google, "alice")
             #expect(first.uid == second.uid)
@@ -62,9 +75,9 @@ struct AuthServiceTests {
         }
     }
 
-    @Test("the same subject at a different provider is a different person")
-    func differentProviderDifferentUID() async throws {
-        try await withAuth {
+    @Test("the same subject at a different provider is a different person", arguments: StoreKind.available)
+    func differentProviderDifferentUID(store: StoreKind) async throws {
+        try await withAuth(store) {
             let google = try await signIn(.google, "12345")
             let kakao = try await signIn(.kakao, "12345")
             #expect(google.uid != kakao.uid)
@@ -107,9 +120,9 @@ struct AuthServiceTests {
         }
     }
 
-    @Test("a session token's secret is 32 random bytes in base64url without padding, after the session's id")
-    func tokenFormat() async throws {
-        try await withAuth {
+    @Test("a session token's secret is 32 random bytes in base64url without padding, after the session's id", arguments: StoreKind.available)
+    func tokenFormat(store: StoreKind) async throws {
+        try await withAuth(store) {
             let token = try await signIn(.google, "alice").sessionToken
             let secret = token.drop { $0 != "." }.dropFirst()
             #expect(token.prefix { $0 != "." }.allSatisfy { $0.isNumber })
@@ -118,10 +131,10 @@ struct AuthServiceTests {
         }
     }
 
-    @Test("simultaneous first sign-ins of one account make exactly one account")
-    func concurrentFirstSignIns() async throws {
-        try await withTemporaryDirectory { directory in
-            try await withAuth(databasePath: "\(directory)/auth.sqlite") {
+    @Test("simultaneous first sign-ins of one account make exactly one account", arguments: StoreKind.available)
+    func concurrentFirstSignIns(store: StoreKind) async throws {
+        try await withAuthDatabase(store) { database in
+            try await withAuth(database: database) {
                 let results = try await withThrowingTaskGroup(of: SignInResult.self) { group in
                     for _ in 0..<20 {
                         group.addTask { try await signIn(.apple, "simultaneous") }
@@ -214,9 +227,9 @@ struct AuthServiceTests {
 
     // MARK: Sessions
 
-    @Test("a live session token verifies to its uid")
-    func verifyLiveSession() async throws {
-        try await withAuth {
+    @Test("a live session token verifies to its uid", arguments: StoreKind.available)
+    func verifyLiveSession(store: StoreKind) async throws {
+        try await withAuth(store) {
             let session = try await signIn(.kakao, "mina")
             #expect(try await verify(session.sessionToken).uid == session.uid)
             await expectError(.unauthenticated) { try await verify("not-a-token") }
@@ -224,9 +237,9 @@ struct AuthServiceTests {
         }
     }
 
-    @Test("signing out ends that session only")
-    func signOutInvalidatesToken() async throws {
-        try await withAuth {
+    @Test("signing out ends that session only", arguments: StoreKind.available)
+    func signOutInvalidatesToken(store: StoreKind) async throws {
+        try await withAuth(store) {
             let phone = try await signIn(.google, "alice")
             let tablet = try await signIn(.google, "alice")
             #expect(try await signOut(token: phone.sessionToken).uid == phone.uid)
@@ -236,9 +249,9 @@ struct AuthServiceTests {
         }
     }
 
-    @Test("withdrawing deletes the account and every session; signing in again makes a new uid")
-    func withdrawRemovesAccount() async throws {
-        try await withAuth {
+    @Test("withdrawing deletes the account and every session; signing in again makes a new uid", arguments: StoreKind.available)
+    func withdrawRemovesAccount(store: StoreKind) async throws {
+        try await withAuth(store) {
             let phone = try await signIn(.naver, "jun")
             let tablet = try await signIn(.naver, "jun")
             #expect(try await withdraw(token: phone.sessionToken).uid == phone.uid)
@@ -251,9 +264,9 @@ struct AuthServiceTests {
         }
     }
 
-    @Test("signing out or withdrawing without a valid token is unauthenticated", arguments: [nil, "", "forged-token"])
-    func badTokens(token: String?) async throws {
-        try await withAuth {
+    @Test("signing out or withdrawing without a valid token is unauthenticated", arguments: StoreKind.available, [nil, "", "forged-token", "12.forged"])
+    func badTokens(store: StoreKind, token: String?) async throws {
+        try await withAuth(store) {
             let session = try await signIn(.google, "alice")
             await expectError(.unauthenticated) { try await signOut(token: token) }
             await expectError(.unauthenticated) { try await withdraw(token: token) }
@@ -263,9 +276,9 @@ struct AuthServiceTests {
 
     // MARK: Events
 
-    @Test("sign-in, sign-out and withdrawal are published in order with growing sequence numbers")
-    func events() async throws {
-        try await withAuth {
+    @Test("sign-in, sign-out and withdrawal are published in order with growing sequence numbers", arguments: StoreKind.available)
+    func events(store: StoreKind) async throws {
+        try await withAuth(store) {
             let stream = try await bus.subscribe(to: [events], topics: ["auth."], limits: MessageLimits())
             var received = stream.makeAsyncIterator()
 
@@ -290,9 +303,9 @@ struct AuthServiceTests {
         }
     }
 
-    @Test("a refused request publishes no event")
-    func noEventOnRefusal() async throws {
-        try await withAuth {
+    @Test("a refused request publishes no event", arguments: StoreKind.available)
+    func noEventOnRefusal(store: StoreKind) async throws {
+        try await withAuth(store) {
             let stream = try await bus.subscribe(to: [events], topics: [""], limits: MessageLimits())
             var received = stream.makeAsyncIterator()
             await expectError(.unauthenticated) { try await signOut(token: "forged-token") }
@@ -306,19 +319,33 @@ struct AuthServiceTests {
 
     // MARK: Persistence
 
-    @Test("accounts and sessions survive a restart on the same database file")
-    func persistenceAcrossRestart() async throws {
-        try await withTemporaryDirectory { directory in
-            let path = "\(directory)/auth.sqlite"
-            let before = try await withAuth(databasePath: path) { try await signIn(.apple, "persistent") }
+    @Test("accounts and sessions survive a restart on the same database", arguments: StoreKind.available)
+    func persistenceAcrossRestart(store: StoreKind) async throws {
+        try await withAuthDatabase(store) { database in
+            let before = try await withAuth(database: database) { try await signIn(.apple, "persistent") }
 
             let restarted = InProcessBus()
-            try await withAuth(databasePath: path, bus: restarted) {
+            try await withAuth(database: database, bus: restarted) {
                 #expect(try await verify(before.sessionToken, on: restarted).uid == before.uid)
                 let again = try await signIn(.apple, "persistent", on: restarted)
                 #expect(again.uid == before.uid)
                 #expect(!again.isNewAccount)
             }
         }
+    }
+}
+
+/// Runs `body` with a fresh store of `kind`: a SQLite file in a temporary folder (or memory),
+/// or a fresh schema of the test PostgreSQL database, dropped afterwards.
+func withAuthDatabase<Result: Sendable>(
+    _ kind: StoreKind, inMemory: Bool = false, _ body: (any AuthDatabase) async throws -> Result
+) async throws -> Result {
+    switch kind {
+    case .sqlite where inMemory:
+        return try await body(SQLiteAuthDatabase(path: nil))
+    case .sqlite:
+        return try await withTemporaryDirectory { directory in try await body(SQLiteAuthDatabase(path: "\(directory)/auth.sqlite")) }
+    case .postgres:
+        return try await TestPostgres.withSchema { location in try await body(AuthPostgresDatabase(location: location)) }
     }
 }

@@ -4,28 +4,17 @@ import Messaging
 import OnboardingAPI
 import ServiceRuntime
 import Synchronization
+import TestSupport
 import Testing
 
 @testable import AuthService
 
 @Suite("sessions that end")
 struct AuthSessionLifetimeTests {
-    /// A store on an in-memory database with `policy` and a clock the test moves.
-    struct Harness {
-        let database: any DatabaseWriter
-        let store: AuthStore
+    /// A store of one kind with `policy` and a clock the test moves.
+    struct Harness: Sendable {
+        let store: any AuthStorage
         let time: ManualTime
-
-        init(_ policy: SessionPolicy) async throws {
-            database = try ServiceDatabase.open(path: nil)
-            try AuthStore.migrator.migrate(database)
-            let time = ManualTime()
-            self.time = time
-            let publisher = try await InProcessBus().publisher(at: "inproc://auth-events")
-            store = AuthStore(
-                database: database, outbox: Outbox(source: ServiceName.auth, publisher: publisher), logger: nil,
-                clock: { time.now }, sessions: policy)
-        }
 
         func advance(hours: Double) { time.advance(hours * 3600) }
 
@@ -33,14 +22,29 @@ struct AuthSessionLifetimeTests {
             try await store.signIn(provider: .google, subject: subject, correlationId: UUID().uuidString)
         }
 
+        /// The payloads of the events of `type` recorded, oldest first.
+        func recorded<Event: APIEvent>(_ type: Event.Type) async throws -> [Event] {
+            try await store.events(after: 0, limit: nil).events.filter { $0.topic == Event.type }.map { event in
+                try JSONDecoder().decode(Envelope<Event>.self, from: Data(event.envelope.utf8)).payload
+            }
+        }
+
         /// The `auth.signedOut` events recorded, as (uid, sessions left).
         func signedOutEvents() async throws -> [(String, Int)] {
-            try await database.read { db in
-                try Data.fetchAll(db, sql: "SELECT envelope FROM outbox WHERE type = ? ORDER BY sequence", arguments: [SignedOut.type])
-            }.map { data in
-                let envelope = try JSONDecoder().decode(Envelope<SignedOut>.self, from: data)
-                return (envelope.payload.uid, envelope.payload.sessions ?? -1)
-            }
+            try await recorded(SignedOut.self).map { ($0.uid, $0.sessions ?? -1) }
+        }
+    }
+
+    /// Runs `body` with a fresh store of `kind` (SQLite in memory, or a fresh PostgreSQL schema).
+    func withHarness(
+        _ kind: StoreKind, _ policy: SessionPolicy, _ body: @Sendable (Harness) async throws -> Void
+    ) async throws {
+        let time = ManualTime()
+        let publisher = try await InProcessBus().publisher(at: "inproc://auth-events")
+        let context = AuthStorageContext(
+            publisher: publisher, sessions: policy, clock: { time.now }, eventRetention: Outbox.Retention(), logger: quietLogger)
+        try await withAuthDatabase(kind, inMemory: true) { database in
+            try await database.withStorage(context) { store in try await body(Harness(store: store, time: time)) }
         }
     }
 
@@ -50,89 +54,89 @@ struct AuthSessionLifetimeTests {
         #expect(error?.reason == reason, "\(String(describing: error))")
     }
 
-    @Test("a session expires when unused for its lifetime; each use slides it")
-    func expiry() async throws {
-        let h = try await Harness(SessionPolicy(lifetime: 24 * 3600))
-        let session = try await h.signIn("ann")
-        h.advance(hours: 23)
-        #expect(try await h.store.uid(forSessionToken: session.sessionToken) == session.uid)
-        h.advance(hours: 23)
-        #expect(try await h.store.uid(forSessionToken: session.sessionToken) == session.uid, "the use 23 h ago slid it")
-        h.advance(hours: 24.5)
-        await expectRefused("sessionExpired") { try await h.store.uid(forSessionToken: session.sessionToken) }
-        await expectRefused("sessionExpired") { try await h.store.uid(forSessionToken: session.sessionToken) }
-        let events = try await h.signedOutEvents()
-        #expect(events.count == 1 && events.first?.0 == session.uid && events.first?.1 == 0, "the orchestrator learns it ended")
-        // An expired session cannot withdraw the account; a new sign-in can.
-        await expectRefused(nil) { try await h.store.withdraw(token: session.sessionToken, correlationId: "w") }
-        #expect(try await h.signIn("ann").uid == session.uid)
+    @Test("a session expires when unused for its lifetime; each use slides it", arguments: StoreKind.available)
+    func expiry(store: StoreKind) async throws {
+        try await withHarness(store, SessionPolicy(lifetime: 24 * 3600)) { h in
+            let session = try await h.signIn("ann")
+            h.advance(hours: 23)
+            #expect(try await h.store.uid(forSessionToken: session.sessionToken) == session.uid)
+            h.advance(hours: 23)
+            #expect(try await h.store.uid(forSessionToken: session.sessionToken) == session.uid, "the use 23 h ago slid it")
+            h.advance(hours: 24.5)
+            await expectRefused("sessionExpired") { try await h.store.uid(forSessionToken: session.sessionToken) }
+            await expectRefused("sessionExpired") { try await h.store.uid(forSessionToken: session.sessionToken) }
+            let events = try await h.signedOutEvents()
+            #expect(events.count == 1 && events.first?.0 == session.uid && events.first?.1 == 0, "the orchestrator learns it ended")
+            // An expired session cannot withdraw the account; a new sign-in can.
+            await expectRefused(nil) { try await h.store.withdraw(token: session.sessionToken, correlationId: "w") }
+            #expect(try await h.signIn("ann").uid == session.uid)
+        }
     }
 
     @Test("uses within the renewal interval write nothing")
     func renewalIsCoarse() async throws {
-        let h = try await Harness(SessionPolicy())
-        let session = try await h.signIn("bo")
-        func lastUsed() async throws -> String? {
-            try await h.database.read { db in try String.fetchOne(db, sql: "SELECT lastUsedAt FROM session") }
+        try await withHarness(.sqlite, SessionPolicy()) { h in
+            let session = try await h.signIn("bo")
+            let database = try #require(h.store as? AuthStore).database
+            func lastUsed() async throws -> String? {
+                try await database.read { db in try String.fetchOne(db, sql: "SELECT lastUsedAt FROM session") }
+            }
+            let first = try await lastUsed()
+            h.advance(hours: 0.5)
+            _ = try await h.store.uid(forSessionToken: session.sessionToken)
+            #expect(try await lastUsed() == first)
+            h.advance(hours: 1)
+            _ = try await h.store.uid(forSessionToken: session.sessionToken)
+            #expect(try await lastUsed() != first)
         }
-        let first = try await lastUsed()
-        h.advance(hours: 0.5)
-        _ = try await h.store.uid(forSessionToken: session.sessionToken)
-        #expect(try await lastUsed() == first)
-        h.advance(hours: 1)
-        _ = try await h.store.uid(forSessionToken: session.sessionToken)
-        #expect(try await lastUsed() != first)
     }
 
-    @Test("an account holds at most N sessions: a sign-in beyond ends the least recently used")
-    func cap() async throws {
-        let h = try await Harness(SessionPolicy(maximumPerAccount: 3))
-        var sessions: [SignInResult] = []
-        for _ in 0..<3 {
-            sessions.append(try await h.signIn("cy"))
+    @Test("an account holds at most N sessions: a sign-in beyond ends the least recently used", arguments: StoreKind.available)
+    func cap(store: StoreKind) async throws {
+        try await withHarness(store, SessionPolicy(maximumPerAccount: 3)) { h in
+            var sessions: [SignInResult] = []
+            for _ in 0..<3 {
+                sessions.append(try await h.signIn("cy"))
+                h.advance(hours: 2)
+            }
+            // The first is used again, so the second is now the least recently used.
+            _ = try await h.store.uid(forSessionToken: sessions[0].sessionToken)
             h.advance(hours: 2)
+            sessions.append(try await h.signIn("cy"))
+            await expectRefused("sessionEvicted") { try await h.store.uid(forSessionToken: sessions[1].sessionToken) }
+            for index in [0, 2, 3] {
+                #expect(try await h.store.uid(forSessionToken: sessions[index].sessionToken) == sessions[0].uid)
+            }
+            #expect(try await h.recorded(SignedIn.self).map(\.sessions) == [1, 2, 3, 3], "the cap holds at each sign-in")
         }
-        // The first is used again, so the second is now the least recently used.
-        _ = try await h.store.uid(forSessionToken: sessions[0].sessionToken)
-        h.advance(hours: 2)
-        sessions.append(try await h.signIn("cy"))
-        await expectRefused("sessionEvicted") { try await h.store.uid(forSessionToken: sessions[1].sessionToken) }
-        for index in [0, 2, 3] {
-            #expect(try await h.store.uid(forSessionToken: sessions[index].sessionToken) == sessions[0].uid)
-        }
-        let uid = sessions[0].uid
-        let live = try await h.database.read { db in try AuthStore.liveSessionCount(of: uid, in: db) }
-        #expect(live == 3)
     }
 
-    @Test("sign-out everywhere ends every session of the account")
-    func signOutEverywhere() async throws {
-        let h = try await Harness(SessionPolicy())
-        let phone = try await h.signIn("di")
-        let tablet = try await h.signIn("di")
-        let other = try await h.signIn("ed")
-        #expect(try await h.store.signOut(token: phone.sessionToken, everywhere: true, correlationId: "s") == phone.uid)
-        await expectRefused(nil) { try await h.store.uid(forSessionToken: phone.sessionToken) }
-        await expectRefused(nil) { try await h.store.uid(forSessionToken: tablet.sessionToken) }
-        #expect(try await h.store.uid(forSessionToken: other.sessionToken) == other.uid)
-        #expect(try await h.signedOutEvents().last?.1 == 0)
-        #expect(try await h.store.signOut(token: phone.sessionToken, everywhere: true, correlationId: "s2") == phone.uid, "a retry")
+    @Test("sign-out everywhere ends every session of the account", arguments: StoreKind.available)
+    func signOutEverywhere(store: StoreKind) async throws {
+        try await withHarness(store, SessionPolicy()) { h in
+            let phone = try await h.signIn("di")
+            let tablet = try await h.signIn("di")
+            let other = try await h.signIn("ed")
+            #expect(try await h.store.signOut(token: phone.sessionToken, everywhere: true, correlationId: "s") == phone.uid)
+            await expectRefused(nil) { try await h.store.uid(forSessionToken: phone.sessionToken) }
+            await expectRefused(nil) { try await h.store.uid(forSessionToken: tablet.sessionToken) }
+            #expect(try await h.store.uid(forSessionToken: other.sessionToken) == other.uid)
+            #expect(try await h.signedOutEvents().last?.1 == 0)
+            #expect(try await h.store.signOut(token: phone.sessionToken, everywhere: true, correlationId: "s2") == phone.uid, "a retry")
+        }
     }
 
-    @Test("expired sessions of other accounts are pruned at sign-ins, each account told with SignedOut")
-    func pruning() async throws {
-        let h = try await Harness(SessionPolicy(lifetime: 24 * 3600))
-        let old = try await h.signIn("fay")
-        _ = try await h.signIn("fay")
-        h.advance(hours: 25)
-        _ = try await h.signIn("gus")
-        let rows = try await h.database.read { db in
-            try String.fetchAll(db, sql: "SELECT uid FROM session")
+    @Test("expired sessions of other accounts are pruned at sign-ins, each account told with SignedOut", arguments: StoreKind.available)
+    func pruning(store: StoreKind) async throws {
+        try await withHarness(store, SessionPolicy(lifetime: 24 * 3600)) { h in
+            let old = try await h.signIn("fay")
+            _ = try await h.signIn("fay")
+            h.advance(hours: 25)
+            _ = try await h.signIn("gus")
+            let events = try await h.signedOutEvents()
+            #expect(events.count == 1 && events[0].0 == old.uid && events[0].1 == 0)
+            await expectRefused("sessionExpired") { try await h.store.uid(forSessionToken: old.sessionToken) }
         }
-        #expect(!rows.contains(old.uid))
-        let events = try await h.signedOutEvents()
-        #expect(events.count == 1 && events[0].0 == old.uid && events[0].1 == 0)
-        await expectRefused("sessionExpired") { try await h.store.uid(forSessionToken: old.sessionToken) }
     }
 
     @Test("other accounts' expired sessions are looked for at most once a second, unless a look found a full batch")
@@ -157,6 +161,12 @@ struct AuthSessionLifetimeTests {
         #expect(policy.needsRenewal(lastUsed: start, now: start.addingTimeInterval(10)))
         #expect(Array(policy.evicted(["newest", "newer", "old", "oldest"])) == ["old", "oldest"])
         #expect(policy.evicted(["only"]).isEmpty)
+        // At a sign-in: the expired ones, then the least recently used beyond the cap, each once.
+        let sessions = [("new", 100.0), ("used", 50), ("stale", 0), ("older", -1)]
+        let endings = policy.endings(atSignIn: sessions, now: start.addingTimeInterval(100)) { start.addingTimeInterval($0.1) }
+        #expect(endings.map { "\($0.session.0) \($0.ending)" } == ["older expired", "stale evicted"])
+        let live = [("new", 100.0), ("used", 90), ("older", 80)]
+        #expect(policy.endings(atSignIn: live, now: start.addingTimeInterval(100)) { start.addingTimeInterval($0.1) }.map(\.session.0) == ["older"])
     }
 }
 

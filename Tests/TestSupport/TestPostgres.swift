@@ -1,0 +1,46 @@
+import Foundation
+import Logging
+import PostgresNIO
+import PostgresSupport
+
+/// The PostgreSQL database tests use: `./compose/onboarding test` starts a private cluster and
+/// sets `ONBOARDING_TEST_POSTGRES_URL`. Without it, tests run on SQLite alone.
+public enum TestPostgres {
+    public static let url = ProcessInfo.processInfo.environment["ONBOARDING_TEST_POSTGRES_URL"]
+
+    static let logger: Logger = {
+        var logger = Logger(label: "test.postgres")
+        logger.logLevel = .critical
+        return logger
+    }()
+
+    /// Runs `body` with a location in a fresh schema of the test database, dropped afterwards.
+    public static func withSchema<T: Sendable>(_ body: (PostgresLocation) async throws -> T) async throws -> T {
+        guard let url else { throw TestPostgresMissing() }
+        let schema = "t_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "").prefix(24)
+        let location = try PostgresLocation(url: url, schema: String(schema))
+        let result: Result<T, any Error>
+        do { result = .success(try await body(location)) } catch { result = .failure(error) }
+        let client = PostgresClient(
+            configuration: location.clientConfiguration(applicationName: "onboarding-tests"), backgroundLogger: logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            defer { group.cancelAll() }
+            try await client.query(PostgresQuery(unsafeSQL: "DROP SCHEMA IF EXISTS \(schema) CASCADE"), logger: logger)
+        }
+        return try result.get()
+    }
+}
+
+public struct TestPostgresMissing: Error, CustomStringConvertible {
+    public var description: String { "ONBOARDING_TEST_POSTGRES_URL is not set: ./compose/onboarding test sets it" }
+}
+
+/// Which store a test runs on: SQLite always, PostgreSQL when the test database is set.
+public enum StoreKind: String, Sendable, CaseIterable, CustomStringConvertible {
+    case sqlite, postgres
+
+    public static var available: [StoreKind] { TestPostgres.url == nil ? [.sqlite] : [.sqlite, .postgres] }
+
+    public var description: String { rawValue }
+}
