@@ -1,8 +1,9 @@
 # A private PostgreSQL cluster for compose and the tests (sourced by compose/onboarding).
 #
 # The cluster lives in one directory under a data directory: `initdb` on first use, then
-# `pg_ctl start` on a loopback port (TCP only: no Unix socket, whose path would depend on where
-# the repository is), so it neither needs nor touches Debian's own cluster (port 5432). PostgreSQL refuses to run as root: when
+# `pg_ctl start` on a loopback port, so it neither needs nor touches Debian's own cluster (port
+# 5432). Its Unix socket is in that directory too, and the URL points there (a round trip through
+# it costs less than through TCP), unless the path is too long for a socket (over 90 characters). PostgreSQL refuses to run as root: when
 # compose runs as root, the directory belongs to the `postgres` user that Debian's package
 # creates, and the cluster runs as that user. Connections are trusted on loopback and the socket
 # only (`--auth=trust`): it is a laptop's or a test's cluster, never a production one.
@@ -34,7 +35,7 @@ pg_as_owner() {
 # pg_start DIR PORT: starts the cluster in DIR (made on first use) on 127.0.0.1:PORT and prints
 # its URL. Fails with the server's log when it does not start.
 pg_start() {
-  local dir=$1 port=$2 bin
+  local dir=$1 port=$2 bin socket=
   bin=$(pg_bin) || fail "no PostgreSQL server programs: install Debian's postgresql (apt-get install postgresql)"
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     fail "something already listens on 127.0.0.1:$port, where the PostgreSQL cluster in $dir would; stop it or choose another port (ONBOARDING_TEST_POSTGRES_PORT for the tests)"
@@ -51,13 +52,14 @@ pg_start() {
     pg_as_owner "$bin/initdb" -D "$dir" -U onboarding --auth=trust -E UTF8 --locale=C.UTF-8 >"$dir.initdb.log" 2>&1 \
       || fail "initdb failed; see $dir.initdb.log"
   fi
+  [ ${#dir} -le 90 ] && socket=$dir
   if ! pg_as_owner "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 \
-    -o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories= -c synchronous_commit=on -c max_connections=200" start >/dev/null; then
+    -o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories='$socket' -c synchronous_commit=on -c max_connections=200" start >/dev/null; then
     tail -20 "$dir/server.log" >&2
     fail "PostgreSQL did not start in $dir on port $port (its log is above)"
   fi
   pg_as_owner "$bin/createdb" -h 127.0.0.1 -p "$port" -U onboarding onboarding 2>/dev/null || true
-  printf 'postgresql://onboarding@127.0.0.1:%s/onboarding\n' "$port"
+  printf 'postgresql://onboarding@127.0.0.1:%s/onboarding%s\n' "$port" "${socket:+?host=$socket}"
 }
 
 # pg_stop DIR: stops the cluster in DIR, if it runs.

@@ -3,6 +3,7 @@ import Foundation
 import Messaging
 import OnboardingAPI
 import PostgresNIO
+import PostgresSupport
 
 /// One sign-in of a batch.
 struct SignInJob: Sendable {
@@ -12,40 +13,32 @@ struct SignInJob: Sendable {
 }
 
 extension Batch {
-    /// Signs in every job of the batch with a fixed number of statements, however many there are:
-    /// the accounts (found or created), the sessions, the endings ``SessionPolicy`` asks for, and
-    /// at most once a second the pruning of other accounts' expired sessions.
+    /// Signs in every job of the batch with a fixed number of statements, however many there are.
+    /// For new accounts that is one: it creates the accounts, opens the sessions and reserves the
+    /// sequence numbers of the batch's events (a round trip to the database costs more than
+    /// anything it does here). Accounts that sign in again add the endings ``SessionPolicy``
+    /// asks for; at most once a second, other accounts' expired sessions are pruned first.
     ///
     /// Each result is what a sign-in alone, in the jobs' order, would have given, with one
     /// exception: the session count of an account that ends sessions in the batch is counted
     /// after all of its endings.
-    mutating func signIn(_ jobs: [SignInJob]) async throws -> [SignInResult] {
-        let accounts = try await findOrCreateAccounts(jobs)
+    ///
+    /// - Returns: the results, and the first of the sequence numbers reserved for ``events``
+    ///   (the batch's events so far, and one `SignedIn` per job, appended here).
+    mutating func signIn(_ jobs: [SignInJob]) async throws -> (results: [SignInResult], firstSequence: Int64) {
+        try await pruneOthers(sparing: jobs)
         let secrets = jobs.map { _ in SessionToken.makeSecret() }
         let digests = secrets.map(SessionToken.digest)
-        let uids = accounts.map(\.uid)
-        // Session ids come back with the digest each was stored under (digests are random, so
-        // unique): RETURNING promises no order.
-        var ids: [String: Int64] = [:]
-        let inserted = try await connection.query(
-            """
-            INSERT INTO session (token, uid, created_at, last_used_at)
-            SELECT t, u, \(now), \(now) FROM unnest(\(digests)::text[], \(uids)::text[]) AS x(t, u)
-            RETURNING id, token
-            """,
-            logger: logger)
-        for try await (id, digest) in inserted.decode((Int64, String).self) { ids[digest] = id }
-        let sessionIDs = try digests.map { digest in
-            guard let id = ids[digest] else { throw ServiceError(.internalError, "A new session was not stored; try again.") }
-            return id
+        var (accounts, first) = try await createAndOpen(jobs, digests: digests, reserving: events.count + jobs.count)
+        if accounts.contains(where: { $0 == nil }) {
+            try await openLosers(jobs, digests: digests, into: &accounts)
         }
+        let opened = accounts.map { $0! }
 
-        let live = try await endSessions(ofReturning: Set(accounts.filter { !$0.isNew }.map(\.uid)))
-        try await pruneOthers(keeping: Set(uids), correlationId: jobs[0].correlationId)
-
+        let live = try await endSessions(ofReturning: Set(opened.filter { !$0.isNew }.map(\.uid)))
         var results: [SignInResult] = []
         for (index, job) in jobs.enumerated() {
-            let (uid, isNew, id) = (accounts[index].uid, accounts[index].isNew, sessionIDs[index])
+            let (uid, isNew, id) = (opened[index].uid, opened[index].isNew, opened[index].session)
             // As each sign-in alone would have counted: its account's live sessions up to its own.
             let sessions = isNew ? 1 : live[uid, default: []].filter { $0 <= id }.count
             events.append(
@@ -57,50 +50,82 @@ extension Batch {
                     uid: uid, sessionToken: SessionToken.token(id: id, secret: secrets[index]), provider: job.provider,
                     isNewAccount: isNew))
         }
-        return results
+        return (results, first)
     }
 
-    /// The account of each job, created when new. A new account gets a time-ordered uid. Rows
-    /// are inserted in key order, so two batches that create the same accounts (on two replicas)
-    /// wait for each other instead of deadlocking; one that waits then finds the other's row.
-    private func findOrCreateAccounts(_ jobs: [SignInJob]) async throws -> [(uid: String, isNew: Bool)] {
+    typealias Opened = (uid: String, isNew: Bool, session: Int64)
+
+    /// One statement: creates the accounts that are new (time-ordered uids; inserted in key
+    /// order, so two batches creating the same accounts on two replicas wait for each other
+    /// instead of deadlocking), finds the others, opens a session for each job, and reserves
+    /// `reserving` sequence numbers.
+    ///
+    /// - Returns: each job's account and session, `nil` for a job whose account another
+    ///   transaction created while this one waited (the statement's snapshot cannot see it).
+    private func createAndOpen(
+        _ jobs: [SignInJob], digests: [String], reserving count: Int
+    ) async throws -> ([Opened?], Int64) {
         let candidates = jobs.map { _ in Identifier.timeOrdered(now: now) }
-        let order = jobs.indices.sorted { (jobs[$0].provider.rawValue, jobs[$0].subject) < (jobs[$1].provider.rawValue, jobs[$1].subject) }
         let rows = try await connection.query(
             """
-            INSERT INTO account (uid, provider, subject, created_at)
-            SELECT u, p, s, \(now)
-            FROM unnest(\(order.map { candidates[$0] })::text[], \(order.map { jobs[$0].provider.rawValue })::text[],
-              \(order.map { jobs[$0].subject })::text[]) WITH ORDINALITY AS x(u, p, s, n)
-            ORDER BY n
-            ON CONFLICT (provider, subject) DO NOTHING
-            RETURNING uid
+            WITH input AS (
+              SELECT * FROM unnest(\(candidates)::text[], \(jobs.map(\.provider.rawValue))::text[],
+                \(jobs.map(\.subject))::text[], \(digests)::text[]) WITH ORDINALITY AS x(candidate, provider, subject, digest, n)),
+            created AS (
+              INSERT INTO account (uid, provider, subject, created_at)
+              SELECT candidate, provider, subject, \(now) FROM input ORDER BY provider, subject
+              ON CONFLICT (provider, subject) DO NOTHING
+              RETURNING uid, provider, subject),
+            resolved AS (
+              SELECT i.n, i.digest, c.uid IS NOT NULL AND c.uid = i.candidate AS is_new, coalesce(c.uid, a.uid) AS uid
+              FROM input i
+              LEFT JOIN created c ON c.provider = i.provider AND c.subject = i.subject
+              LEFT JOIN account a ON a.provider = i.provider AND a.subject = i.subject),
+            opened AS (
+              INSERT INTO session (token, uid, created_at, last_used_at)
+              SELECT digest, uid, \(now), \(now) FROM resolved WHERE uid IS NOT NULL
+              RETURNING id, token),
+            head AS (\(unescaped: PostgresOutbox.reservation(count)))
+            SELECT r.uid, r.is_new, o.id, (SELECT * FROM head)
+            FROM resolved r LEFT JOIN opened o ON o.token = r.digest
+            ORDER BY r.n
             """,
             logger: logger)
-        var created: Set<String> = []
-        for try await uid in rows.decode(String.self) { created.insert(uid) }
+        var accounts: [Opened?] = []
+        var first: Int64?
+        for try await (uid, isNew, id, sequence) in rows.decode((String?, Bool, Int64?, Int64?).self) {
+            first = sequence
+            accounts.append(uid.flatMap { uid in id.map { (uid, isNew, $0) } })
+        }
+        guard let first, accounts.count == jobs.count else {
+            throw ServiceError(.storeUnavailable, "The outbox has no head row, or a sign-in went missing: was the store migrated?")
+        }
+        return (accounts, first)
+    }
 
-        var accounts = candidates.map { (uid: $0, isNew: created.contains($0)) }
-        let existing = jobs.indices.filter { !accounts[$0].isNew }
-        guard !existing.isEmpty else { return accounts }
-        let found = try await connection.query(
+    /// Opens the sessions of the jobs whose accounts another transaction created meanwhile (two
+    /// first sign-ins of one account at once, on two replicas): now that it has committed, a new
+    /// statement sees those accounts.
+    private func openLosers(_ jobs: [SignInJob], digests: [String], into accounts: inout [Opened?]) async throws {
+        let losers = accounts.indices.filter { accounts[$0] == nil }
+        let rows = try await connection.query(
             """
-            SELECT a.provider, a.subject, a.uid
-            FROM account a JOIN unnest(\(existing.map { jobs[$0].provider.rawValue })::text[],
-              \(existing.map { jobs[$0].subject })::text[]) AS x(p, s) ON a.provider = x.p AND a.subject = x.s
+            INSERT INTO session (token, uid, created_at, last_used_at)
+            SELECT x.digest, a.uid, \(now), \(now)
+            FROM unnest(\(losers.map { jobs[$0].provider.rawValue })::text[], \(losers.map { jobs[$0].subject })::text[],
+              \(losers.map { digests[$0] })::text[]) AS x(provider, subject, digest)
+            JOIN account a ON a.provider = x.provider AND a.subject = x.subject
+            RETURNING id, token, uid
             """,
             logger: logger)
-        var uids: [String: String] = [:]
-        for try await (provider, subject, uid) in found.decode((String, String, String).self) {
-            uids[provider + "\u{0}" + subject] = uid
-        }
-        for index in existing {
-            guard let uid = uids[jobs[index].provider.rawValue + "\u{0}" + jobs[index].subject] else {
-                throw ServiceError(.internalError, "The account vanished while signing in; try again.")
+        var opened: [String: (Int64, String)] = [:]
+        for try await (id, digest, uid) in rows.decode((Int64, String, String).self) { opened[digest] = (id, uid) }
+        for index in losers {
+            guard let (id, uid) = opened[digests[index]] else {
+                throw ServiceError(.storeUnavailable, "The account vanished while signing in; try again.")
             }
-            accounts[index].uid = uid
+            accounts[index] = (uid, false, id)
         }
-        return accounts
     }
 
     /// Applies ``SessionPolicy`` to the accounts that signed in again (their new sessions
@@ -138,18 +163,20 @@ extension Batch {
         return live
     }
 
-    /// At most once a second (``SessionPruneSchedule``): ends up to a batch of other accounts'
-    /// expired sessions, telling each such account with `SignedOut`. Rows another transaction
-    /// holds are skipped (another replica is pruning them). The events carry the correlation
-    /// id of the sign-in that pruned.
-    private mutating func pruneOthers(keeping uids: Set<String>, correlationId: String) async throws {
+    /// At most once a second (``SessionPruneSchedule``): ends up to a batch of expired sessions
+    /// of accounts that are not signing in now (their own are the policy's), telling each such
+    /// account with `SignedOut`, carrying the correlation id of the batch's first sign-in. Rows
+    /// another transaction holds are skipped (another replica is pruning them).
+    private mutating func pruneOthers(sparing jobs: [SignInJob]) async throws {
         guard writer.pruning.isDue(at: now) else { return }
         let cutoff = writer.sessions.expiryCutoff(now: now)
         let rows = try await connection.query(
             """
-            SELECT id, token, uid FROM session
-            WHERE last_used_at < \(cutoff) AND NOT (uid = ANY(\(Array(uids))::text[]))
-            LIMIT \(Int64(SessionPruneSchedule.batch)) FOR UPDATE SKIP LOCKED
+            SELECT s.id, s.token, s.uid FROM session s JOIN account a ON a.uid = s.uid
+            WHERE s.last_used_at < \(cutoff)
+              AND (a.provider, a.subject) NOT IN (
+                SELECT * FROM unnest(\(jobs.map(\.provider.rawValue))::text[], \(jobs.map(\.subject))::text[]))
+            LIMIT \(Int64(SessionPruneSchedule.batch)) FOR UPDATE OF s SKIP LOCKED
             """,
             logger: logger)
         var stale: [(id: Int64, digest: String, uid: String)] = []
@@ -160,7 +187,9 @@ extension Batch {
         try await recordEndings(stale.map { ($0.digest, $0.uid, .expired) })
         for owner in Set(stale.map(\.uid)).sorted() {
             events.append(
-                .init(SignedOut(uid: owner, sessions: try await liveSessions(of: owner)), uid: owner, correlationId: correlationId))
+                .init(
+                    SignedOut(uid: owner, sessions: try await liveSessions(of: owner)), uid: owner,
+                    correlationId: jobs[0].correlationId))
         }
     }
 }

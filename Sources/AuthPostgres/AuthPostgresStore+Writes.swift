@@ -41,8 +41,7 @@ struct Writer: Sendable {
         do {
             let (outcomes, messages) = try await store.transaction { connection in
                 var batch = Batch(writer: self, connection: connection, now: now)
-                let outcomes = try await batch.apply(jobs)
-                return (outcomes, try await outbox.append(batch.events, on: connection, logger: logger))
+                return try await batch.apply(jobs)
             }
             // Only queued for the bus's I/O thread: never blocks. One batch at a time, so in order.
             for message in messages { try? publisher.publish(message) }
@@ -68,23 +67,20 @@ struct Batch {
 
     var logger: Logger { writer.logger }
 
-    /// Sign-ins first, together; then the rest in order (all were concurrent requests, so any
-    /// order is one they could have had, and the events follow the order applied).
-    mutating func apply(_ jobs: [Write]) async throws -> [Result<Written, any Error>] {
+    /// The endings first, in order; then the sign-ins together, whose statement also reserves
+    /// the sequence numbers of every event of the batch (the endings' are known by then). All
+    /// were concurrent requests, so any order is one they could have had, and the events follow
+    /// the order applied.
+    ///
+    /// - Returns: each job's outcome, and the batch's events as messages to publish after commit.
+    mutating func apply(_ jobs: [Write]) async throws -> ([Result<Written, any Error>], [OutgoingMessage]) {
         var outcomes = [Result<Written, any Error>](repeating: .success(.nothing), count: jobs.count)
-        let signIns = jobs.indices.compactMap { index -> (Int, SignInJob)? in
-            guard case .signIn(let provider, let subject, let correlationId) = jobs[index] else { return nil }
-            return (index, SignInJob(provider: provider, subject: subject, correlationId: correlationId))
-        }
-        if !signIns.isEmpty {
-            for (index, result) in zip(signIns.map(\.0), try await signIn(signIns.map(\.1))) {
-                outcomes[index] = .success(.signedIn(result))
-            }
-        }
+        var signIns: [(index: Int, job: SignInJob)] = []
         for (index, job) in jobs.enumerated() {
             do {
                 switch job {
-                case .signIn: continue
+                case .signIn(let provider, let subject, let correlationId):
+                    signIns.append((index, SignInJob(provider: provider, subject: subject, correlationId: correlationId)))
                 case .signOut(let token, let everywhere, let correlationId):
                     outcomes[index] = .success(.uid(try await signOut(token, everywhere: everywhere, correlationId)))
                 case .withdraw(let token, let correlationId):
@@ -97,7 +93,12 @@ struct Batch {
                 outcomes[index] = .failure(refusal)
             }
         }
-        return outcomes
+        guard !signIns.isEmpty else {
+            return (outcomes, try await writer.outbox.append(events, on: connection, logger: logger))
+        }
+        let (results, first) = try await signIn(signIns.map(\.job))
+        for (index, result) in zip(signIns.map(\.index), results) { outcomes[index] = .success(.signedIn(result)) }
+        return (outcomes, try await writer.outbox.insert(events, numberedFrom: first, on: connection, logger: logger))
     }
 
     // MARK: Endings

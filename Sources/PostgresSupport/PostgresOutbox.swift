@@ -74,13 +74,29 @@ public struct PostgresOutbox: Sendable {
         _ events: [Recording], on connection: PostgresConnection, logger: Logger
     ) async throws -> [OutgoingMessage] {
         guard !events.isEmpty else { return [] }
-        let count = Int64(events.count)
         let rows = try await connection.query(
-            "UPDATE outbox_head SET sequence = sequence + \(count) WHERE id = 1 RETURNING sequence", logger: logger)
-        var last: Int64?
-        for try await sequence in rows.decode(Int64.self) { last = sequence }
-        guard let last else { throw ServiceError(.storeUnavailable, "The outbox has no head row: was it migrated?") }
-        let first = last - count + 1
+            PostgresQuery(unsafeSQL: Self.reservation(events.count)), logger: logger)
+        var first: Int64?
+        for try await sequence in rows.decode(Int64.self) { first = sequence }
+        guard let first else { throw ServiceError(.storeUnavailable, "The outbox has no head row: was it migrated?") }
+        return try await insert(events, numberedFrom: first, on: connection, logger: logger)
+    }
+
+    /// A statement that reserves `count` sequence numbers for the transaction under way and
+    /// returns the first of them (one row, one bigint column), for ``insert(_:numberedFrom:on:logger:)``.
+    /// It may be a common table expression of a larger statement, to save a round trip:
+    /// `WITH head AS (<reservation>) ...`. It locks the head row until the transaction ends.
+    public static func reservation(_ count: Int) -> String {
+        "UPDATE outbox_head SET sequence = sequence + \(count) WHERE id = 1 RETURNING sequence - \(count) + 1"
+    }
+
+    /// Records `events` with the numbers from `first` on, which ``reservation(_:)`` reserved in
+    /// the same transaction (exactly as many), and returns them as messages to publish once it
+    /// has committed.
+    public func insert(
+        _ events: [Recording], numberedFrom first: Int64, on connection: PostgresConnection, logger: Logger
+    ) async throws -> [OutgoingMessage] {
+        guard !events.isEmpty else { return [] }
         var sequences: [Int64] = [], types: [String] = [], topics: [String] = [], uids: [String] = []
         var envelopes: [String] = [], times: [String] = []
         var messages: [OutgoingMessage] = []
