@@ -147,7 +147,8 @@ let package = Package(
         .testTarget(
             name: "PostgresTests",
             dependencies: [
-                "PostgresSupport", "AuthPostgres", "AuthService", "Messaging", "OnboardingAPI", "ServiceRuntime", "TestSupport",
+                "PostgresSupport", "AuthPostgres", "AuthService", "Messaging", "OnboardingAPI", "OnboardingSettings",
+                "ServiceRuntime", "TestSupport",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]

@@ -12,10 +12,11 @@ public struct AuthPostgresDatabase: AuthDatabase {
     public var location: PostgresLocation
     /// The most connections auth holds open.
     public var maxConnections: Int
-    /// How long one transaction may take before its callers get `storeUnavailable`.
+    /// How long one transaction may take before its callers get `storeUnavailable`: under the
+    /// 3 s that callers give a request, so that they hear why (and retry) instead of timing out.
     public var timeout: Duration
 
-    public init(location: PostgresLocation, maxConnections: Int = 20, timeout: Duration = .seconds(5)) {
+    public init(location: PostgresLocation, maxConnections: Int = 20, timeout: Duration = .seconds(2)) {
         self.location = location
         self.maxConnections = maxConnections
         self.timeout = timeout
