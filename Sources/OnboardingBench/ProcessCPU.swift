@@ -28,6 +28,30 @@ enum ProcStat {
         return parse(text)
     }
 
+    /// The parent's pid (field 4) in the text of `/proc/<pid>/stat`.
+    static func parent(_ text: String) -> Int32? {
+        guard let close = text.lastIndex(of: ")") else { return nil }
+        let fields = text[text.index(after: close)...].split(separator: " ", omittingEmptySubsequences: true)
+        return fields.count > 1 ? Int32(fields[1]) : nil
+    }
+
+    /// CPU time of `pid` and of its children: a server that forks a process per connection
+    /// (PostgreSQL's postmaster and its backends). A child that exits between two readings
+    /// takes its time with it, so long-lived children (a connection pool's) are what it counts.
+    static func readFamily(pid: Int32) -> Times? {
+        guard var total = read(pid: pid) else { return nil }
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+        for entry in entries {
+            guard let child = Int32(entry), child != pid,
+                let text = try? String(contentsOfFile: "/proc/\(child)/stat", encoding: .utf8), parent(text) == pid,
+                let times = parse(text)
+            else { continue }
+            total.userTicks += times.userTicks
+            total.systemTicks += times.systemTicks
+        }
+        return total
+    }
+
     static var ticksPerSecond: UInt64 {
         let ticks = sysconf(Int32(_SC_CLK_TCK))
         return ticks > 0 ? UInt64(ticks) : 100
@@ -55,10 +79,12 @@ enum ProcStat {
 }
 
 /// The processes whose CPU the benchmark reports: each service (its pid from compose's pid file
-/// `<run dir>/<name>.pid`) and the load generator itself.
+/// `<run dir>/<name>.pid`), PostgreSQL when compose runs one (`postgres.pid`: the postmaster,
+/// counted with its backends), and the load generator itself.
 struct CPUProbe: Sendable {
     /// compose's names for the services (`supervise <name>` writes `<name>.pid`).
     static let services = ["auth", "profile", "image-upload", "onboarding-orchestrator"]
+    static let database = "postgres"
     static let generator = "onboarding-bench"
 
     var runDirectory: String?
@@ -86,6 +112,10 @@ struct CPUProbe: Sendable {
             sample.pids[service] = pid
             sample.times[service] = times
         }
+        if let pid = pid(of: Self.database), let times = ProcStat.readFamily(pid: pid) {
+            sample.pids[Self.database] = pid
+            sample.times[Self.database] = times
+        }
         let me = getpid()
         if let times = ProcStat.read(pid: me) {
             sample.pids[Self.generator] = me
@@ -109,7 +139,8 @@ struct CPUProbe: Sendable {
     /// could not be read has no figure.
     static func usage(from before: Sample, to after: Sample, operations: Int) -> [CPUUsage] {
         let seconds = Double(after.taken &- before.taken) / 1e9
-        return (services + [generator]).map { name in
+        let database = before.pids[Self.database] == nil ? [] : [Self.database]
+        return (services + database + [generator]).map { name in
             guard let pid = before.pids[name], after.pids[name] == pid, let start = before.times[name],
                 let end = after.times[name], end.totalTicks >= start.totalTicks
             else {

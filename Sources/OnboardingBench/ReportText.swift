@@ -51,7 +51,8 @@ enum ReportText {
             "(lag: how late the load generator sent, counted in the latency; other: cores busy with anything but the services and the generator)")
         lines.append("")
         lines.append("CPU µs per request (user + system, /proc/<pid>/stat; share of one core over the window in brackets):")
-        let names = CPUProbe.services + [CPUProbe.generator]
+        let database = report.steps.contains { $0.cpu.contains { $0.name == CPUProbe.database } } ? [CPUProbe.database] : []
+        let names = CPUProbe.services + database + [CPUProbe.generator]
         let cpuWidths = [8] + names.map { Swift.max($0.count, 12) } + [12]
         lines.append(row(["offered"] + names + ["all services"], widths: cpuWidths))
         for step in report.steps {

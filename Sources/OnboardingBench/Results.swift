@@ -82,10 +82,11 @@ struct StepResult: Codable, Sendable, Equatable {
 
     var errorCount: Int { errors.values.reduce(0, +) }
 
-    /// Sum over the four services of CPU µs per operation (nil when one is missing).
+    /// Sum over the four services (and PostgreSQL, when it ran) of CPU µs per operation (nil
+    /// when one is missing).
     var servicesCPUPerOperation: Double? {
-        let services = cpu.filter { CPUProbe.services.contains($0.name) }
-        guard services.count == CPUProbe.services.count else { return nil }
+        let services = cpu.filter { CPUProbe.services.contains($0.name) || $0.name == CPUProbe.database }
+        guard services.count >= CPUProbe.services.count else { return nil }
         var total = 0.0
         for usage in services {
             guard let value = usage.perOperation else { return nil }

@@ -57,6 +57,30 @@ import Testing
         #expect(ProcStat.read(pid: getpid()) != nil)
     }
 
+    @Test func theParentIsField4() {
+        #expect(ProcStat.parent("77 (a (b) c) R 1 77 77 0 -1 0 0 0 0 0 1000 2000 0 0 20 0 1 0 5 0 0 0\n") == 1)
+        #expect(ProcStat.parent("5 (postgres: onboarding onboarding 127.0.0.1(50112) idle) S 4321 5 5 0") == 4321)
+        #expect(ProcStat.parent("garbage") == nil)
+    }
+
+    @Test func aFamilyCountsTheChildrenToo() throws {
+        // A child that burns some CPU, then waits: its time is in our family's, not in ours alone.
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: "/bin/sh")
+        child.arguments = ["-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 5"]
+        try child.run()
+        defer { child.terminate() }
+        let pid = getpid()
+        var family = ProcStat.Times(userTicks: 0, systemTicks: 0)
+        for _ in 0..<100 {
+            family = try #require(ProcStat.readFamily(pid: pid))
+            let own = try #require(ProcStat.read(pid: pid))
+            if family.totalTicks > own.totalTicks { break }
+            usleep(50_000)
+        }
+        #expect(try family.totalTicks > #require(ProcStat.read(pid: pid)).totalTicks)
+    }
+
     @Test func machineBusyTicksLeaveOutIdleAndIOWait() {
         let text = "cpu  100 5 50 9000 40 3 2 1 0 0\ncpu0 50 2 25 4500 20 1 1 0 0 0\n"
         #expect(ProcStat.parseMachine(text) == 100 + 5 + 50 + 3 + 2 + 1)
