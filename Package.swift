@@ -356,6 +356,8 @@ let package = Package(
                 "Messaging",
                 "OnboardingAPI",
                 "OnboardingSettings",
+                "PostgresSupport",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
                 "ZeroMQMessaging",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),

@@ -69,3 +69,17 @@ pg_stop() {
   [ -f "$dir/postmaster.pid" ] || return 0
   pg_as_owner "$bin/pg_ctl" -D "$dir" -m fast -w stop >/dev/null 2>&1 || true
 }
+
+# Clusters this script started, stopped when it exits (pg_stop_started, set as the EXIT trap by
+# pg_started). pg_start runs in a command substitution, so its caller records the directory.
+PG_STARTED=()
+pg_stop_started() {
+  local dir
+  for dir in "${PG_STARTED[@]}"; do pg_stop "$dir"; done
+}
+
+# pg_started DIR: stop the cluster in DIR when the script exits, however it exits.
+pg_started() {
+  PG_STARTED+=("$1")
+  trap pg_stop_started EXIT
+}

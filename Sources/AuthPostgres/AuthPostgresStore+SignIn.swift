@@ -3,7 +3,6 @@ import Foundation
 import Messaging
 import OnboardingAPI
 import PostgresNIO
-import PostgresSupport
 
 /// One sign-in of a batch.
 struct SignInJob: Sendable {
@@ -14,22 +13,19 @@ struct SignInJob: Sendable {
 
 extension Batch {
     /// Signs in every job of the batch with a fixed number of statements, however many there are.
-    /// For new accounts that is one: it creates the accounts, opens the sessions and reserves the
-    /// sequence numbers of the batch's events (a round trip to the database costs more than
-    /// anything it does here). Accounts that sign in again add the endings ``SessionPolicy``
-    /// asks for; at most once a second, other accounts' expired sessions are pruned first.
+    /// For new accounts that is one: it creates the accounts and opens the sessions (a round trip
+    /// to the database costs more than anything it does here). Accounts that sign in again add
+    /// the endings ``SessionPolicy`` asks for; at most once a second, other accounts' expired
+    /// sessions are pruned first. One `SignedIn` per job goes to ``events``.
     ///
     /// Each result is what a sign-in alone, in the jobs' order, would have given, with one
     /// exception: the session count of an account that ends sessions in the batch is counted
     /// after all of its endings.
-    ///
-    /// - Returns: the results, and the first of the sequence numbers reserved for ``events``
-    ///   (the batch's events so far, and one `SignedIn` per job, appended here).
-    mutating func signIn(_ jobs: [SignInJob]) async throws -> (results: [SignInResult], firstSequence: Int64) {
+    mutating func signIn(_ jobs: [SignInJob]) async throws -> [SignInResult] {
         try await pruneOthers(sparing: jobs)
         let secrets = jobs.map { _ in SessionToken.makeSecret() }
         let digests = secrets.map(SessionToken.digest)
-        var (accounts, first) = try await createAndOpen(jobs, digests: digests, reserving: events.count + jobs.count)
+        var accounts = try await createAndOpen(jobs, digests: digests)
         if accounts.contains(where: { $0 == nil }) {
             try await openLosers(jobs, digests: digests, into: &accounts)
         }
@@ -50,21 +46,18 @@ extension Batch {
                     uid: uid, sessionToken: SessionToken.token(id: id, secret: secrets[index]), provider: job.provider,
                     isNewAccount: isNew))
         }
-        return (results, first)
+        return results
     }
 
     typealias Opened = (uid: String, isNew: Bool, session: Int64)
 
-    /// One statement: creates the accounts that are new (time-ordered uids; inserted in key
-    /// order, so two batches creating the same accounts on two replicas wait for each other
-    /// instead of deadlocking), finds the others, opens a session for each job, and reserves
-    /// `reserving` sequence numbers.
+    /// One statement: creates the accounts that are new (time-ordered uids; of two jobs for one
+    /// new account, the first creates it), finds the others, and opens a session for each job,
+    /// their ids in the jobs' order.
     ///
     /// - Returns: each job's account and session, `nil` for a job whose account another
     ///   transaction created while this one waited (the statement's snapshot cannot see it).
-    private func createAndOpen(
-        _ jobs: [SignInJob], digests: [String], reserving count: Int
-    ) async throws -> ([Opened?], Int64) {
+    private func createAndOpen(_ jobs: [SignInJob], digests: [String]) async throws -> [Opened?] {
         let candidates = jobs.map { _ in Identifier.timeOrdered(now: now) }
         let rows = try await connection.query(
             """
@@ -73,7 +66,7 @@ extension Batch {
                 \(jobs.map(\.subject))::text[], \(digests)::text[]) WITH ORDINALITY AS x(candidate, provider, subject, digest, n)),
             created AS (
               INSERT INTO account (uid, provider, subject, created_at)
-              SELECT candidate, provider, subject, \(now) FROM input ORDER BY provider, subject
+              SELECT candidate, provider, subject, \(now) FROM input ORDER BY provider, subject, n
               ON CONFLICT (provider, subject) DO NOTHING
               RETURNING uid, provider, subject),
             resolved AS (
@@ -83,24 +76,21 @@ extension Batch {
               LEFT JOIN account a ON a.provider = i.provider AND a.subject = i.subject),
             opened AS (
               INSERT INTO session (token, uid, created_at, last_used_at)
-              SELECT digest, uid, \(now), \(now) FROM resolved WHERE uid IS NOT NULL
-              RETURNING id, token),
-            head AS (\(unescaped: PostgresOutbox.reservation(count)))
-            SELECT r.uid, r.is_new, o.id, (SELECT * FROM head)
+              SELECT digest, uid, \(now), \(now) FROM resolved WHERE uid IS NOT NULL ORDER BY n
+              RETURNING id, token)
+            SELECT r.uid, r.is_new, o.id
             FROM resolved r LEFT JOIN opened o ON o.token = r.digest
             ORDER BY r.n
             """,
             logger: logger)
         var accounts: [Opened?] = []
-        var first: Int64?
-        for try await (uid, isNew, id, sequence) in rows.decode((String?, Bool, Int64?, Int64?).self) {
-            first = sequence
+        for try await (uid, isNew, id) in rows.decode((String?, Bool, Int64?).self) {
             accounts.append(uid.flatMap { uid in id.map { (uid, isNew, $0) } })
         }
-        guard let first, accounts.count == jobs.count else {
-            throw ServiceError(.storeUnavailable, "The outbox has no head row, or a sign-in went missing: was the store migrated?")
+        guard accounts.count == jobs.count else {
+            throw ServiceError(.storeUnavailable, "A sign-in of the batch went missing; try again.")
         }
-        return (accounts, first)
+        return accounts
     }
 
     /// Opens the sessions of the jobs whose accounts another transaction created meanwhile (two
@@ -173,7 +163,7 @@ extension Batch {
         let rows = try await connection.query(
             """
             SELECT s.id, s.token, s.uid FROM session s JOIN account a ON a.uid = s.uid
-            WHERE s.last_used_at < \(cutoff)
+            WHERE s.last_used_at <= \(cutoff)
               AND (a.provider, a.subject) NOT IN (
                 SELECT * FROM unnest(\(jobs.map(\.provider.rawValue))::text[], \(jobs.map(\.subject))::text[]))
             LIMIT \(Int64(SessionPruneSchedule.batch)) FOR UPDATE OF s SKIP LOCKED

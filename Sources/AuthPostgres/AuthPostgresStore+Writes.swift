@@ -38,18 +38,26 @@ struct Writer: Sendable {
     /// before it writes, and the others go on; a database failure fails them all.
     func commit(_ jobs: [Write]) async -> [Result<Written, any Error>] {
         let now = clock()
+        let publisher = self.publisher
         do {
-            let (outcomes, messages) = try await store.transaction { connection in
+            let (outcomes, _) = try await store.eventTransaction { connection, last in
                 var batch = Batch(writer: self, connection: connection, now: now)
-                return try await batch.apply(jobs)
+                let outcomes = try await batch.apply(jobs)
+                return (outcomes, try await outbox.record(batch.events, after: last, on: connection, logger: logger))
+            } afterCommit: { _, messages in
+                // Only queued for the bus's I/O thread: never blocks. Batches take turns, so in order.
+                for message in messages { try? publisher.publish(message) }
             }
-            // Only queued for the bus's I/O thread: never blocks. One batch at a time, so in order.
-            for message in messages { try? publisher.publish(message) }
             return outcomes
         } catch {
             return jobs.map { _ in .failure(error) }
         }
     }
+}
+
+/// A request refused before its job wrote anything: the rest of its batch goes on.
+struct Refusal: Error {
+    var error: ServiceError
 }
 
 /// One transaction's work: its jobs, and the events they record.
@@ -67,13 +75,11 @@ struct Batch {
 
     var logger: Logger { writer.logger }
 
-    /// The endings first, in order; then the sign-ins together, whose statement also reserves
-    /// the sequence numbers of every event of the batch (the endings' are known by then). All
-    /// were concurrent requests, so any order is one they could have had, and the events follow
-    /// the order applied.
+    /// The endings first, in order; then the sign-ins together. All were concurrent requests, so
+    /// any order is one they could have had, and the events (``events``) follow the order applied.
     ///
-    /// - Returns: each job's outcome, and the batch's events as messages to publish after commit.
-    mutating func apply(_ jobs: [Write]) async throws -> ([Result<Written, any Error>], [OutgoingMessage]) {
+    /// - Returns: each job's outcome.
+    mutating func apply(_ jobs: [Write]) async throws -> [Result<Written, any Error>] {
         var outcomes = [Result<Written, any Error>](repeating: .success(.nothing), count: jobs.count)
         var signIns: [(index: Int, job: SignInJob)] = []
         for (index, job) in jobs.enumerated() {
@@ -88,17 +94,15 @@ struct Batch {
                 case .expire(let id, let digest, let uid):
                     try await expire(id: id, digest: digest, uid: uid)
                 }
-            } catch let refusal as ServiceError {
-                // Refused before it wrote anything: the others stay.
-                outcomes[index] = .failure(refusal)
+            } catch let refusal as Refusal {
+                outcomes[index] = .failure(refusal.error)
             }
         }
-        guard !signIns.isEmpty else {
-            return (outcomes, try await writer.outbox.append(events, on: connection, logger: logger))
+        if !signIns.isEmpty {
+            let results = try await signIn(signIns.map(\.job))
+            for (index, result) in zip(signIns.map(\.index), results) { outcomes[index] = .success(.signedIn(result)) }
         }
-        let (results, first) = try await signIn(signIns.map(\.job))
-        for (index, result) in zip(signIns.map(\.index), results) { outcomes[index] = .success(.signedIn(result)) }
-        return (outcomes, try await writer.outbox.insert(events, numberedFrom: first, on: connection, logger: logger))
+        return outcomes
     }
 
     // MARK: Endings
@@ -114,13 +118,14 @@ struct Batch {
             return uid
         }
         if let ended = try await ending(of: digest) { return ended.uid }
-        throw SessionRefusal.unknown
+        throw Refusal(error: SessionRefusal.unknown)
     }
 
     mutating func withdraw(_ token: String, _ correlationId: String) async throws -> String {
         let (id, digest) = AuthPostgresStore.row(of: SessionKey(token: token))
         let cutoff = writer.sessions.expiryCutoff(now: now)
-        // An expired session cannot withdraw, even before it is pruned.
+        // An expired session (last used at the cutoff or before) cannot withdraw, even before it
+        // is pruned.
         if let uid = try await uid(
             of: "DELETE FROM session WHERE id = \(id) AND token = \(digest) AND last_used_at > \(cutoff) RETURNING uid")
         {
@@ -140,7 +145,7 @@ struct Batch {
             return uid
         }
         if let ended = try await ending(of: digest), ended.ending.answersWithdrawal { return ended.uid }
-        throw SessionRefusal.unknown
+        throw Refusal(error: SessionRefusal.unknown)
     }
 
     mutating func expire(id: Int64, digest: String, uid: String) async throws {

@@ -45,7 +45,7 @@ extension AuthStore {
         }
         guard pruning.isDue(at: now) else { return }
         let stale = try Row.fetchAll(
-            db.cachedStatement(sql: "SELECT id, token, uid FROM session WHERE lastUsedAt < ? AND uid != ? LIMIT ?"),
+            db.cachedStatement(sql: "SELECT id, token, uid FROM session WHERE lastUsedAt <= ? AND uid != ? LIMIT ?"),
             arguments: [cutoff, uid, pruneBatch])
         pruning.looked(at: now, found: stale.count)
         var accounts: Set<String> = []

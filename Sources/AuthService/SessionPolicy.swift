@@ -53,8 +53,7 @@ public struct SessionPolicy: Sendable, Hashable {
     package func endings<Session>(
         atSignIn newestFirst: [Session], now: Date, lastUsed: (Session) -> Date
     ) -> [(session: Session, ending: SessionEnding)] {
-        let cutoff = expiryCutoff(now: now)
-        let expired = newestFirst.indices.filter { lastUsed(newestFirst[$0]) < cutoff }
+        let expired = newestFirst.indices.filter { isExpired(lastUsed: lastUsed(newestFirst[$0]), now: now) }
         let evicted = evicted(Array(newestFirst.indices)).filter { !expired.contains($0) }
         return expired.map { (newestFirst[$0], .expired) } + evicted.map { (newestFirst[$0], .evicted) }
     }

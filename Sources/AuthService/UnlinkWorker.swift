@@ -92,7 +92,8 @@ final class UnlinkWorker: Sendable {
     }
 
     /// Sends due jobs until cancelled. A job being sent when cancelled is left as it was, and
-    /// sent again after the restart (unlinking twice is harmless at every provider).
+    /// sent again after the restart (unlinking twice is harmless at every provider); on a store
+    /// shared by replicas, once its claim's lease has run out (at least a minute).
     func run() async {
         for line in configuration.providers.summary { logger.info("\(line)") }
         var signal = self.signal.makeWaiter()

@@ -5,6 +5,7 @@ import Logging
 import Messaging
 import OnboardingAPI
 import OnboardingSettings
+import PostgresSupport
 
 /// `onboarding-chaos`: the chaos test against a compose deployment.
 public struct ChaosCommand: AsyncParsableCommand {
@@ -178,6 +179,7 @@ public struct ChaosCommand: AsyncParsableCommand {
             endpoints: endpoints,
             stores: StoreLocations(
                 authDatabase: settings.path(.authDatabase, derived: "\(dataDirectory)/auth.sqlite"),
+                authPostgres: try Self.authPostgres(settings),
                 profileDatabase: settings.path(.profileDatabase, derived: "\(dataDirectory)/profile.sqlite"),
                 imageDirectory: settings.path(.imageDir, derived: "\(dataDirectory)/images")),
             runDirectory: runDir ?? "\(dataDirectory)/run",
@@ -186,5 +188,15 @@ public struct ChaosCommand: AsyncParsableCommand {
             settleTimeout: .seconds(settleTimeout), recoveryTimeout: .seconds(recoveryTimeout), image: imageBytes)
         configuration.bus = try self.endpoints.busConfiguration(for: .chaos, more: [.dataDir: dataDir])
         return configuration
+    }
+
+    /// auth's PostgreSQL database, when `postgres.url` says auth keeps its store there.
+    static func authPostgres(_ settings: Settings) throws -> PostgresLocation? {
+        guard let url = settings.text(.postgresURL), !url.isEmpty else { return nil }
+        do {
+            return try PostgresLocation(url: url, schema: settings.text(.authPostgresSchema) ?? "auth")
+        } catch {
+            throw ValidationError(error.message)
+        }
     }
 }

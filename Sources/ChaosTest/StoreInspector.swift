@@ -1,19 +1,25 @@
 import Foundation
 import GRDB
+import Logging
 import Messaging
 import OnboardingAPI
+import PostgresNIO
+import PostgresSupport
 
 /// Where the services keep their data, as compose lays it out under the data directory.
 public struct StoreLocations: Sendable, Hashable {
-    /// auth's SQLite file (`<data-dir>/auth.sqlite`).
+    /// auth's SQLite file (`<data-dir>/auth.sqlite`), unless ``authPostgres`` is set.
     public var authDatabase: String
+    /// auth's PostgreSQL database, when it keeps its store there (`postgres.url`).
+    public var authPostgres: PostgresLocation?
     /// profile's SQLite file (`<data-dir>/profile.sqlite`).
     public var profileDatabase: String
     /// image-upload's root: images are `<root>/<uid>/<file>`.
     public var imageDirectory: String
 
-    public init(authDatabase: String, profileDatabase: String, imageDirectory: String) {
+    public init(authDatabase: String, authPostgres: PostgresLocation? = nil, profileDatabase: String, imageDirectory: String) {
         self.authDatabase = authDatabase
+        self.authPostgres = authPostgres
         self.profileDatabase = profileDatabase
         self.imageDirectory = imageDirectory
     }
@@ -52,28 +58,50 @@ public struct StoreSnapshot: Sendable {
     public static func subjectKey(provider: Provider, subject: String) -> String { "\(provider.rawValue)/\(subject)" }
 }
 
-/// Reads the stores directly: SQLite files opened read-only, and the image folders.
+/// Reads the stores directly: SQLite files opened read-only (on a thread of ``Blocking``), auth's
+/// PostgreSQL database when it is there, and the image folders.
 enum StoreInspector {
-    /// Takes a snapshot, listing the image folders of `uids`, on a thread of ``Blocking``.
+    /// Takes a snapshot, listing the image folders of `uids`.
     static func snapshot(of locations: StoreLocations, uids: Set<String>) async throws -> StoreSnapshot {
-        try await Blocking.run { read(locations, uids: uids) }
+        var snapshot = try await Blocking.run { read(locations, uids: uids) }
+        if let postgres = locations.authPostgres {
+            do {
+                try await readAuth(postgres, into: &snapshot)
+            } catch {
+                snapshot.problems.append("auth's store at \(postgres) could not be read: \(error)")
+            }
+        }
+        return snapshot
+    }
+
+    /// auth's accounts and live sessions, from its PostgreSQL schema.
+    private static func readAuth(_ location: PostgresLocation, into snapshot: inout StoreSnapshot) async throws {
+        var logger = Logger(label: "onboarding-chaos.postgres")
+        logger.logLevel = .critical
+        let client = PostgresClient(configuration: location.clientConfiguration(applicationName: "onboarding-chaos"), backgroundLogger: logger)
+        let (accounts, sessions) = try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            defer { group.cancelAll() }
+            var accounts: [(String, String, String)] = []
+            for try await row in try await client.query("SELECT uid, provider, subject FROM account", logger: logger)
+                .decode((String, String, String).self)
+            { accounts.append(row) }
+            var sessions: [(String, Int64)] = []
+            for try await row in try await client.query("SELECT uid, count(*) FROM session GROUP BY uid", logger: logger)
+                .decode((String, Int64).self)
+            { sessions.append(row) }
+            return (accounts, sessions)
+        }
+        for (uid, provider, subject) in accounts {
+            snapshot.accounts.insert(uid)
+            snapshot.accountBySubject["\(provider)/\(subject)"] = uid
+        }
+        for (uid, live) in sessions { snapshot.sessions[uid] = Int(live) }
     }
 
     private static func read(_ locations: StoreLocations, uids: Set<String>) -> StoreSnapshot {
         var snapshot = StoreSnapshot()
-        do {
-            let rows = try fetch(locations.authDatabase, sql: "SELECT uid, provider, subject FROM account")
-            for row in rows {
-                let uid: String = row["uid"]
-                snapshot.accounts.insert(uid)
-                snapshot.accountBySubject["\(row["provider"] as String)/\(row["subject"] as String)"] = uid
-            }
-            for row in try fetch(locations.authDatabase, sql: "SELECT uid, COUNT(*) AS live FROM session GROUP BY uid") {
-                snapshot.sessions[row["uid"] as String] = row["live"] as Int
-            }
-        } catch {
-            snapshot.problems.append("auth's store \(locations.authDatabase) could not be read: \(error)")
-        }
+        if locations.authPostgres == nil { readAuth(locations.authDatabase, into: &snapshot) }
         do {
             let rows = try fetch(
                 locations.profileDatabase, sql: "SELECT uid, username, usernameKey, imagePath FROM profile")
@@ -102,6 +130,23 @@ enum StoreInspector {
         }
         // No folder at all: image-upload has stored nothing yet, which is a valid state.
         return snapshot
+    }
+
+    /// auth's accounts and live sessions, from its SQLite file.
+    private static func readAuth(_ path: String, into snapshot: inout StoreSnapshot) {
+        do {
+            let rows = try fetch(path, sql: "SELECT uid, provider, subject FROM account")
+            for row in rows {
+                let uid: String = row["uid"]
+                snapshot.accounts.insert(uid)
+                snapshot.accountBySubject["\(row["provider"] as String)/\(row["subject"] as String)"] = uid
+            }
+            for row in try fetch(path, sql: "SELECT uid, COUNT(*) AS live FROM session GROUP BY uid") {
+                snapshot.sessions[row["uid"] as String] = row["live"] as Int
+            }
+        } catch {
+            snapshot.problems.append("auth's store \(path) could not be read: \(error)")
+        }
     }
 
     /// Opens `path` read-only (never creating it), runs `sql`, and closes it again.

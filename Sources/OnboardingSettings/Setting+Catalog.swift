@@ -53,10 +53,10 @@ extension Setting {
     public static let postgresURL = Setting(
         "postgres.url", .text, default: .unset("SQLite files in the data directory"),
         "a PostgreSQL database to keep the stores in instead (postgresql://USER[:PASSWORD]@HOST:PORT/DATABASE[?sslmode=require]); each service keeps its tables in its own schema",
-        secret: true, group: .storage, programs: [.auth])
+        secret: true, group: .storage, programs: [.auth, .chaos])
     public static let authPostgresSchema = Setting(
         "auth.postgresSchema", .text, default: .value("auth"),
-        "the schema auth's tables live in, with postgres.url", group: .storage, programs: [.auth])
+        "the schema auth's tables live in, with postgres.url", group: .storage, programs: [.auth, .chaos])
     public static let imageDir = Setting(
         "image.dir", .path, default: .derived("<data-dir>/images"),
         "where image-upload keeps images (folders 0700, files 0600)", group: .storage, programs: [.imageUpload, .chaos])

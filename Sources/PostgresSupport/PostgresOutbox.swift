@@ -8,9 +8,9 @@ import ServiceRuntime
 /// The transactional outbox on PostgreSQL: what ``Outbox`` is on SQLite, for several writers.
 ///
 /// An event is written in the transaction of the change it reports and published after that
-/// transaction commits. Its sequence number comes from the one row of `outbox_head`, which an
-/// appending transaction updates (and so locks) until it ends: transactions that record events
-/// take turns from their first event to their commit, whichever process or replica runs them.
+/// transaction commits. Its sequence number comes from the one row of `outbox_head`, which a
+/// transaction that records events locks (``lockHead``, first) until it ends: such transactions
+/// take turns, whichever process or replica runs them.
 /// So numbers are dense (a rolled-back transaction gives its numbers back) and become visible in
 /// order: a reader never sees event n before n-1, and `events.after` never skips one. The cost:
 /// one service's event-writing transactions commit one after another, so they should be few and
@@ -67,41 +67,38 @@ public struct PostgresOutbox: Sendable {
         }
     }
 
+    /// Takes the head row's lock and returns the last number assigned: the first statement of
+    /// every transaction that records events (see ``PostgresStore/eventTransaction(_:afterCommit:)``).
+    /// Taking it first makes those transactions take turns from their first statement, so they
+    /// never wait for each other's rows in a cycle, and each reads what the one before committed.
+    public static let lockHead = "SELECT sequence FROM outbox_head WHERE id = 1 FOR UPDATE"
+
     /// Records `events` in the transaction open on `connection`, numbered on from the last
     /// event of the service, and returns them as messages to publish once it has committed
-    /// (and to drop if it rolls back).
+    /// (and to drop if it rolls back). For a transaction that did not start with ``lockHead``.
     public func append(
         _ events: [Recording], on connection: PostgresConnection, logger: Logger
     ) async throws -> [OutgoingMessage] {
         guard !events.isEmpty else { return [] }
-        let rows = try await connection.query(
-            PostgresQuery(unsafeSQL: Self.reservation(events.count)), logger: logger)
-        var first: Int64?
-        for try await sequence in rows.decode(Int64.self) { first = sequence }
-        guard let first else { throw ServiceError(.storeUnavailable, "The outbox has no head row: was it migrated?") }
-        return try await insert(events, numberedFrom: first, on: connection, logger: logger)
+        let rows = try await connection.query(PostgresQuery(unsafeSQL: Self.lockHead), logger: logger)
+        var last: Int64?
+        for try await sequence in rows.decode(Int64.self) { last = sequence }
+        guard let last else { throw ServiceError(.storeUnavailable, "The outbox has no head row: was it migrated?") }
+        return try await record(events, after: last, on: connection, logger: logger)
     }
 
-    /// A statement that reserves `count` sequence numbers for the transaction under way and
-    /// returns the first of them (one row, one bigint column), for ``insert(_:numberedFrom:on:logger:)``.
-    /// It may be a common table expression of a larger statement, to save a round trip:
-    /// `WITH head AS (<reservation>) ...`. It locks the head row until the transaction ends.
-    public static func reservation(_ count: Int) -> String {
-        "UPDATE outbox_head SET sequence = sequence + \(count) WHERE id = 1 RETURNING sequence - \(count) + 1"
-    }
-
-    /// Records `events` with the numbers from `first` on, which ``reservation(_:)`` reserved in
-    /// the same transaction (exactly as many), and returns them as messages to publish once it
-    /// has committed.
-    public func insert(
-        _ events: [Recording], numberedFrom first: Int64, on connection: PostgresConnection, logger: Logger
+    /// Records `events` numbered from `last + 1` on, where `last` is what ``lockHead`` returned
+    /// in the same transaction, and moves the head past them: one statement. Returns them as
+    /// messages to publish once the transaction has committed.
+    public func record(
+        _ events: [Recording], after last: Int64, on connection: PostgresConnection, logger: Logger
     ) async throws -> [OutgoingMessage] {
         guard !events.isEmpty else { return [] }
         var sequences: [Int64] = [], types: [String] = [], topics: [String] = [], uids: [String] = []
         var envelopes: [String] = [], times: [String] = []
         var messages: [OutgoingMessage] = []
         for (offset, event) in events.enumerated() {
-            let sequence = first + Int64(offset)
+            let sequence = last + 1 + Int64(offset)
             let header = EnvelopeHeader(
                 type: event.type, source: source, sequence: UInt64(sequence), time: event.time,
                 correlationId: event.correlationId, uid: event.uid)
@@ -114,8 +111,10 @@ public struct PostgresOutbox: Sendable {
             times.append(event.time)
             messages.append(OutgoingMessage(topic: event.topic, body: body))
         }
+        let newest = last + Int64(events.count)
         try await connection.query(
             """
+            WITH head AS (UPDATE outbox_head SET sequence = \(newest) WHERE id = 1)
             INSERT INTO outbox (sequence, type, topic, uid, envelope, created_at)
             SELECT s, t, p, NULLIF(u, ''), e, c
             FROM unnest(\(sequences)::bigint[], \(types)::text[], \(topics)::text[], \(uids)::text[], \(envelopes)::text[], \(times)::text[])

@@ -90,6 +90,32 @@ public final class PostgresStore: Sendable {
         }
     }
 
+    /// Runs `body` in one transaction that records events in `PostgresOutbox`: its first
+    /// statement takes the outbox's head lock (``PostgresOutbox/lockHead``), and `body` gets the
+    /// last sequence number assigned. When it has committed, `afterCommit` gets `body`'s result
+    /// at once, even when the caller has stopped waiting (past ``timeout``): a late commit's
+    /// events are still published.
+    ///
+    /// - Throws: as ``transaction(_:)``.
+    public func eventTransaction<T: Sendable>(
+        _ body: @escaping @Sendable (PostgresConnection, _ lastSequence: Int64) async throws -> T,
+        afterCommit: @escaping @Sendable (T) -> Void
+    ) async throws -> T {
+        let logger = self.logger
+        return try await bounded {
+            let result = try await self.client.withTransaction(logger: logger) { connection in
+                var last: Int64?
+                for try await sequence in try await connection.query(PostgresQuery(unsafeSQL: PostgresOutbox.lockHead), logger: logger)
+                    .decode(Int64.self)
+                { last = sequence }
+                guard let last else { throw ServiceError(.storeUnavailable, "The outbox has no head row: was the store migrated?") }
+                return try await body(connection, last)
+            }
+            afterCommit(result)
+            return result
+        }
+    }
+
     /// Runs `body` on a connection outside a transaction (each statement sees its own snapshot),
     /// with the failures of ``transaction(_:)``.
     public func read<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {

@@ -117,4 +117,59 @@ struct AuthPostgresRaceTests {
             #expect(signedIn.count == 303)
         }
     }
+
+    @Test("one account withdrawn from two devices on two replicas at once: one withdrawal, the other unauthenticated, never a deadlock")
+    func withdrawalsFromTwoDevices() async throws {
+        try await withTwoReplicas { a, b in
+            for round in 0..<10 {
+                let phone = try await a.signIn(provider: .kakao, subject: "two-\(round)", correlationId: "p")
+                let tablet = try await b.signIn(provider: .kakao, subject: "two-\(round)", correlationId: "t")
+                async let first = Result(catching: { try await a.withdraw(token: phone.sessionToken, correlationId: "w1") })
+                async let second = Result(catching: { try await b.withdraw(token: tablet.sessionToken, correlationId: "w2") })
+                let outcomes = await [first, second]
+                #expect(outcomes.filter { (try? $0.get()) == phone.uid }.count == 1, "round \(round): \(outcomes)")
+                #expect(outcomes.filter { ($0.error as? ServiceError)?.code == .unauthenticated }.count == 1, "round \(round): \(outcomes)")
+            }
+            let withdrawn = try await a.events(after: 0, limit: 1_000).events.filter { $0.topic == Withdrawn.type }
+            #expect(withdrawn.count == 10)
+        }
+    }
+
+    @Test("sign-ins on one replica and sign-outs on the other, of one account: every event's session count is the store's at its commit")
+    func countsFollowTheCommits() async throws {
+        try await withTwoReplicas { a, b in
+            var sessions: [SignInResult] = []
+            for index in 0..<10 { sessions.append(try await a.signIn(provider: .google, subject: "busy", correlationId: "s\(index)")) }
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for (index, session) in sessions.enumerated() {
+                    group.addTask { _ = try await a.signIn(provider: .google, subject: "busy", correlationId: "n\(index)") }
+                    group.addTask { _ = try await b.signOut(token: session.sessionToken, everywhere: false, correlationId: "o\(index)") }
+                }
+                try await group.waitForAll()
+            }
+            var live = 0
+            for event in try await a.events(after: 0, limit: 1_000).events {
+                let data = Data(event.envelope.utf8)
+                if event.topic == SignedIn.type {
+                    live += 1
+                    #expect(try JSONDecoder().decode(Envelope<SignedIn>.self, from: data).payload.sessions == live, "event \(event.sequence)")
+                } else if event.topic == SignedOut.type {
+                    live -= 1
+                    #expect(try JSONDecoder().decode(Envelope<SignedOut>.self, from: data).payload.sessions == live, "event \(event.sequence)")
+                }
+            }
+            #expect(live == 10)
+        }
+    }
+}
+
+extension Result where Failure == any Error {
+    init(catching body: () async throws -> Success) async {
+        do { self = .success(try await body()) } catch { self = .failure(error) }
+    }
+
+    var error: (any Error)? {
+        if case .failure(let error) = self { return error }
+        return nil
+    }
 }
