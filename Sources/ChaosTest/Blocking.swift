@@ -47,6 +47,42 @@ enum Processes {
         return pid
         #endif
     }
+
+    /// Runs the program at `path` without arguments and waits for it: its exit status, or `nil`
+    /// when it could not be started. (posix_spawn and waitpid: Foundation's `Process` can miss
+    /// its child's exit on Linux and wait for ever.)
+    static func run(_ path: String) -> Int32? {
+        var pid: pid_t = 0
+        let argument = strdup(path)
+        defer { free(argument) }
+        guard posix_spawn(&pid, path, nil, nil, [argument, nil], environ) == 0 else { return nil }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) == -1 {
+            guard errno == EINTR else { return nil }
+        }
+        // WIFEXITED and WEXITSTATUS, by hand (the macros are not imported).
+        return status & 0x7F == 0 ? (status >> 8) & 0xFF : nil
+    }
+
+    /// The live `postgres` process in `pidFile` (a postmaster) and its children (the backends
+    /// and helpers), parent first; empty when there is none.
+    static func family(pidFile: String) -> [Int32] {
+        guard let parent = livePID(pidFile: pidFile, program: "postgres") else { return [] }
+        #if os(Linux)
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+        let children = entries.compactMap(Int32.init).filter { pid in
+            guard let data = FileManager.default.contents(atPath: "/proc/\(pid)/stat"),
+                let close = data.lastIndex(of: UInt8(ascii: ")"))
+            else { return false }
+            // After the command name: state, then the parent's pid.
+            let fields = data[(close + 1)...].split(separator: UInt8(ascii: " "))
+            return fields.count > 1 && Int32(String(decoding: fields[1], as: UTF8.self)) == parent
+        }
+        return [parent] + children
+        #else
+        return [parent]
+        #endif
+    }
 }
 
 /// Counts people as they finish, and lets faults wait for a point in the drive.

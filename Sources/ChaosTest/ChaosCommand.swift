@@ -48,6 +48,10 @@ public struct ChaosCommand: AsyncParsableCommand {
     var doubleKills = 2
     @Option(help: "How many times the whole system stops and starts on the same data: every service signalled at once, the first time with SIGTERM, then SIGKILL, alternating (0: none).")
     var systemRestarts = 2
+    @Option(help: "How many times compose's PostgreSQL is paused (SIGSTOP of every process of it, for a hang's length, then SIGCONT) during the drive. Default: 2 when auth keeps its store in PostgreSQL (postgres.url), else 0.")
+    var databasePauses: Int?
+    @Option(help: "How many times compose's PostgreSQL is restarted at once (pg_ctl restart -m immediate, through <run-dir>/postgres-restart) during the drive. Default: 2 when auth keeps its store in PostgreSQL, else 0.")
+    var databaseRestarts: Int?
     @Option(help: "The seed of the run's choices (who sets up, who withdraws, which fault happens when). Default: random; it is printed.")
     var seed: UInt64?
     @Option(help: "The share of people who set up a profile, in percent.")
@@ -97,7 +101,10 @@ public struct ChaosCommand: AsyncParsableCommand {
     public func validate() throws {
         guard people >= 1 else { throw ValidationError("--people must be at least 1.") }
         guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1.") }
-        for (name, value) in [("--kills", kills), ("--hangs", hangs), ("--double-kills", doubleKills), ("--system-restarts", systemRestarts)] {
+        for (name, value) in [
+            ("--kills", kills), ("--hangs", hangs), ("--double-kills", doubleKills), ("--system-restarts", systemRestarts),
+            ("--database-pauses", databasePauses ?? 0), ("--database-restarts", databaseRestarts ?? 0),
+        ] {
             guard value >= 0 else { throw ValidationError("\(name) must be 0 or more.") }
         }
         guard hangMinMs >= 1, hangMaxMs >= hangMinMs else {
@@ -165,12 +172,15 @@ public struct ChaosCommand: AsyncParsableCommand {
             imageBytes = bytes
         }
         let token = try await Blocking.run { try? settings.serviceToken(create: false) } ?? nil
+        let postgres = try Self.authPostgres(settings)
         var seedGenerator = SystemRandomNumberGenerator()
         var configuration = ChaosConfiguration(
             people: people, concurrency: concurrency,
             faults: FaultCounts(
                 killsPerService: kills, hangsPerService: hangs, hangMilliseconds: hangMinMs...hangMaxMs,
-                doubleKills: doubleKills, systemRestarts: systemRestarts),
+                doubleKills: doubleKills, systemRestarts: systemRestarts,
+                databasePauses: databasePauses ?? (postgres == nil ? 0 : 2),
+                databaseRestarts: databaseRestarts ?? (postgres == nil ? 0 : 2)),
             seed: seed ?? UInt64.random(in: 1...999_999_999, using: &seedGenerator),
             shares: RunPlan.Shares(
                 setUp: Double(setUpPercent) / 100, image: Double(imagePercent) / 100,
@@ -179,7 +189,7 @@ public struct ChaosCommand: AsyncParsableCommand {
             endpoints: endpoints,
             stores: StoreLocations(
                 authDatabase: settings.path(.authDatabase, derived: "\(dataDirectory)/auth.sqlite"),
-                authPostgres: try Self.authPostgres(settings),
+                authPostgres: postgres,
                 profileDatabase: settings.path(.profileDatabase, derived: "\(dataDirectory)/profile.sqlite"),
                 imageDirectory: settings.path(.imageDir, derived: "\(dataDirectory)/images")),
             runDirectory: runDir ?? "\(dataDirectory)/run",

@@ -310,6 +310,61 @@ struct FaultScheduler: Sendable {
                 try? await Task.sleep(for: .milliseconds(Int(random.next() % 50)))
             }
             await hang(service, for: .milliseconds(milliseconds), report: &report, gate: gate)
+        case .pauseDatabase(let milliseconds):
+            await pauseDatabase(for: .milliseconds(milliseconds), report: &report, gate: gate)
+        case .restartDatabase:
+            await restartDatabase(report: &report, gate: gate)
+        }
+    }
+
+    /// compose's PostgreSQL: the postmaster's pid (`<run-dir>/postgres.pid`), and the script
+    /// that restarts it (`<run-dir>/postgres-restart`), both written by `compose ... --postgres`.
+    var databasePIDFile: String { "\(runDirectory)/postgres.pid" }
+    var databaseRestartScript: String { "\(runDirectory)/postgres-restart" }
+
+    /// SIGSTOPs the postmaster and every backend for `duration`, SIGCONTs them (always), and
+    /// waits until auth, whose store it holds, answers `health`.
+    private func pauseDatabase(for duration: Duration, report: inout FaultReport, gate: ProgressGate) async {
+        let pidFile = databasePIDFile
+        let family = (try? await Blocking.run { Processes.family(pidFile: pidFile) }) ?? []
+        guard !family.isEmpty else {
+            report.problems.append("no live PostgreSQL in \(pidFile) to stop")
+            return
+        }
+        let stopped = family.filter { StoppedProcesses.stop($0) }
+        let clock = ContinuousClock()
+        let start = clock.now
+        report.happened = true
+        say("SIGSTOP PostgreSQL (\(stopped.count) processes) for \(Report.seconds(duration)), with \(gate.completed) people done")
+        try? await Task.sleep(for: duration)
+        for pid in stopped { StoppedProcesses.resume(pid) }
+        report.took = start.duration(to: clock.now)
+        await expectAuthAnswers(after: "SIGCONT PostgreSQL", report: &report)
+    }
+
+    /// Runs compose's restart script (`pg_ctl restart -m immediate`), then waits until auth
+    /// answers `health`.
+    private func restartDatabase(report: inout FaultReport, gate: ProgressGate) async {
+        let script = databaseRestartScript
+        let clock = ContinuousClock()
+        let start = clock.now
+        let status = try? await Blocking.run { Processes.run(script) }
+        guard status == 0 else {
+            report.problems.append("\(script) failed (\(status.map { "status \($0)" } ?? "could not run")): PostgreSQL was not restarted")
+            return
+        }
+        report.happened = true
+        report.took = start.duration(to: clock.now)
+        say("PostgreSQL restarted at once (pg_ctl restart -m immediate) in \(Report.seconds(report.took!)), with \(gate.completed) people done")
+        await expectAuthAnswers(after: "the restart", report: &report)
+    }
+
+    private func expectAuthAnswers(after what: String, report: inout FaultReport) async {
+        guard let auth = targets.first(where: { $0.name == "auth" }) else { return }
+        do {
+            _ = try await caller.call(HealthCheck(), to: auth.endpoint, until: ContinuousClock.now.advanced(by: recoveryTimeout))
+        } catch {
+            report.problems.append("auth did not answer health within \(recoveryTimeout) of \(what): \(PersonDriver.describe(error))")
         }
     }
 

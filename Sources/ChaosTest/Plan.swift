@@ -88,7 +88,16 @@ public struct PlannedFault: Sendable, Hashable {
         /// Stop every service at once with `signal` (SIGTERM: they drain and exit; SIGKILL) and
         /// let compose start them again on the same data.
         case restartAll(signal: StopSignal)
+        /// SIGSTOP compose's PostgreSQL (the postmaster and every backend) for `milliseconds`,
+        /// then SIGCONT.
+        case pauseDatabase(milliseconds: Int)
+        /// Restart compose's PostgreSQL at once (`pg_ctl restart -m immediate`: no shutdown
+        /// checkpoint, every connection cut; it recovers from its WAL).
+        case restartDatabase
     }
+
+    /// The lock name of the database faults: they never overlap one another.
+    public static let database = "postgres"
 
     public enum StopSignal: String, Sendable, Hashable, Codable {
         case term = "SIGTERM"
@@ -110,6 +119,7 @@ public struct PlannedFault: Sendable, Hashable {
         case .kill(let service), .hang(let service, _, _): return [service]
         case .killTwo(let first, let second): return [first, second]
         case .restartAll: return all
+        case .pauseDatabase, .restartDatabase: return [Self.database]
         }
     }
 
@@ -121,6 +131,8 @@ public struct PlannedFault: Sendable, Hashable {
             return "SIGSTOP \(service) for \(String(format: "%.1f", Double(ms) / 1000)) s\(afterSetUp ? " right after a set-up began" : "")"
         case .killTwo(let first, let second): return "SIGKILL \(first) + \(second) at once"
         case .restartAll(let signal): return "\(signal.rawValue) every service at once (whole-system stop and start)"
+        case .pauseDatabase(let ms): return "SIGSTOP PostgreSQL for \(String(format: "%.1f", Double(ms) / 1000)) s"
+        case .restartDatabase: return "restart PostgreSQL at once (pg_ctl restart -m immediate)"
         }
     }
 }
@@ -137,16 +149,22 @@ public struct FaultCounts: Sendable, Hashable {
     public var doubleKills: Int
     /// Whole-system stops and starts (the first with SIGTERM, then SIGKILL, alternating).
     public var systemRestarts: Int
+    /// Pauses of compose's PostgreSQL (each as long as a hang).
+    public var databasePauses: Int
+    /// Immediate restarts of compose's PostgreSQL.
+    public var databaseRestarts: Int
 
     public init(
         killsPerService: Int = 3, hangsPerService: Int = 2, hangMilliseconds: ClosedRange<Int> = 2_000...4_000,
-        doubleKills: Int = 2, systemRestarts: Int = 2
+        doubleKills: Int = 2, systemRestarts: Int = 2, databasePauses: Int = 0, databaseRestarts: Int = 0
     ) {
         self.killsPerService = killsPerService
         self.hangsPerService = hangsPerService
         self.hangMilliseconds = hangMilliseconds
         self.doubleKills = doubleKills
         self.systemRestarts = systemRestarts
+        self.databasePauses = databasePauses
+        self.databaseRestarts = databaseRestarts
     }
 
     /// Only SIGKILLs of each service, as the chaos test did before hangs and the rest.
@@ -262,6 +280,13 @@ public struct RunPlan: Sendable {
         }
         for (k, point) in spread(counts.systemRestarts, using: &random).enumerated() {
             faults.append(PlannedFault(.restartAll(signal: k.isMultiple(of: 2) ? .term : .kill), at: point))
+        }
+        for point in spread(counts.databasePauses, using: &random) {
+            let span = UInt64(counts.hangMilliseconds.upperBound - counts.hangMilliseconds.lowerBound + 1)
+            faults.append(PlannedFault(.pauseDatabase(milliseconds: counts.hangMilliseconds.lowerBound + Int(random.next() % span)), at: point))
+        }
+        for point in spread(counts.databaseRestarts, using: &random) {
+            faults.append(PlannedFault(.restartDatabase, at: point))
         }
         faults.sort { $0.point < $1.point }
         return RunPlan(seed: seed, nonce: nonce, people: people, faults: faults)

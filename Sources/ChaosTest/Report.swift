@@ -21,6 +21,8 @@ public enum Report {
         let hangs = String(format: "%.1f–%.1f s", Double(faults.hangMilliseconds.lowerBound) / 1000, Double(faults.hangMilliseconds.upperBound) / 1000)
         return "\(count(faults.killsPerService, "SIGKILL", "SIGKILLs")) and \(count(faults.hangsPerService, "hang", "hangs")) (SIGSTOP \(hangs)) per service; "
             + "\(count(faults.doubleKills, "double kill", "double kills")); \(count(faults.systemRestarts, "whole-system restart", "whole-system restarts"))"
+            + (faults.databasePauses + faults.databaseRestarts > 0
+                ? "; PostgreSQL \(count(faults.databasePauses, "pause", "pauses")) and \(count(faults.databaseRestarts, "restart", "restarts"))" : "")
     }
 
     static func header(_ configuration: ChaosConfiguration, plan: RunPlan) -> String {
@@ -47,6 +49,8 @@ public enum Report {
         var hangsAfterSetUp = 0
         var pairs: [String] = []
         var restarts: [String] = []
+        var databasePauses: [Duration] = []
+        var databaseRestarts = 0
         var late = 0
         for report in faults where report.happened {
             if report.afterDrive { late += 1 }
@@ -61,6 +65,8 @@ public enum Report {
                 if afterSetUp { hangsAfterSetUp += 1 }
             case .killTwo(let first, let second): pairs.append("\(first) + \(second)")
             case .restartAll(let signal): restarts.append(signal.rawValue)
+            case .pauseDatabase: databasePauses.append(report.took ?? .zero)
+            case .restartDatabase: databaseRestarts += 1
             }
         }
         func perService(_ counts: [String: Int]) -> String {
@@ -80,6 +86,10 @@ public enum Report {
         rows.append(("two at once", pairs.isEmpty ? "none" : "\(pairs.count)  (SIGKILL \(pairs.joined(separator: "; ")))"))
         rows.append((
             "whole system", restarts.isEmpty ? "none" : "\(restarts.count)  (every service at once: \(restarts.joined(separator: ", ")))"))
+        if !databasePauses.isEmpty || databaseRestarts > 0 {
+            let pauses = databasePauses.isEmpty ? "no pause" : "\(databasePauses.count) paused (SIGSTOP \(seconds(databasePauses.min()!))–\(seconds(databasePauses.max()!)))"
+            rows.append(("PostgreSQL", "\(pauses), \(databaseRestarts) restarted at once (pg_ctl restart -m immediate)"))
+        }
         if late > 0 { rows.append(("faults after the drive", "\(late)  (they waited for another fault of their services)")) }
         return rows
     }

@@ -6,8 +6,8 @@ import ServiceRuntime
 import Synchronization
 
 /// A service's PostgreSQL database: a connection pool, the migrations run at start, and
-/// transactions whose failures reach callers as `storeUnavailable`, never as an answer and
-/// never as a hang.
+/// transactions whose failures reach callers as `storeUnavailable` (nothing was changed) or,
+/// past the time limit, `timeout` (it may have been), never as a wrong answer and never as a hang.
 ///
 /// Run it (``run()``) for as long as the service uses it, in the service's `ServiceGroup` or a
 /// task of its own: the pool opens connections only while it runs.
@@ -16,7 +16,8 @@ import Synchronization
 public final class PostgresStore: Sendable {
     public let location: PostgresLocation
     public let client: PostgresClient
-    /// How long one transaction or read may take: past it, the caller gets `storeUnavailable`
+    /// How long one transaction or read may take: past it, the caller gets `timeout` (the change
+    /// may or may not have been made)
     /// (a paused or unreachable server must not hold requests forever; the server's own
     /// `statement_timeout` cannot help when it does not answer at all).
     public let timeout: Duration
@@ -82,7 +83,7 @@ public final class PostgresStore: Sendable {
     /// Runs `body` in one transaction: committed when it returns, rolled back when it throws.
     ///
     /// - Throws: what `body` throws when it is a ``ServiceError``; `storeUnavailable` for any
-    ///   database failure or when the transaction takes longer than ``timeout`` (logged with its
+    ///   database failure, `timeout` when the transaction takes longer than ``timeout`` (logged with its
     ///   cause, which the reply leaves out: it can name tables and columns).
     public func transaction<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         try await bounded {
@@ -96,23 +97,40 @@ public final class PostgresStore: Sendable {
     /// at once, even when the caller has stopped waiting (past ``timeout``): a late commit's
     /// events are still published.
     ///
-    /// - Throws: as ``transaction(_:)``.
+    /// - Throws: as ``transaction(_:)``; and `timeout` when the connection fails during the
+    ///   commit, whose outcome is then unknown.
     public func eventTransaction<T: Sendable>(
         _ body: @escaping @Sendable (PostgresConnection, _ lastSequence: Int64) async throws -> T,
         afterCommit: @escaping @Sendable (T) -> Void
     ) async throws -> T {
         let logger = self.logger
         return try await bounded {
-            let result = try await self.client.withTransaction(logger: logger) { connection in
-                var last: Int64?
-                for try await sequence in try await connection.query(PostgresQuery(unsafeSQL: PostgresOutbox.lockHead), logger: logger)
-                    .decode(Int64.self)
-                { last = sequence }
-                guard let last else { throw ServiceError(.storeUnavailable, "The outbox has no head row: was the store migrated?") }
-                return try await body(connection, last)
+            try await self.client.withConnection { connection in
+                let result: T
+                do {
+                    try await connection.query("BEGIN", logger: logger)
+                    var last: Int64?
+                    for try await sequence in try await connection.query(PostgresQuery(unsafeSQL: PostgresOutbox.lockHead), logger: logger)
+                        .decode(Int64.self)
+                    { last = sequence }
+                    guard let last else { throw ServiceError(.storeUnavailable, "The outbox has no head row: was the store migrated?") }
+                    result = try await body(connection, last)
+                } catch {
+                    _ = try? await connection.query("ROLLBACK", logger: logger)
+                    throw error
+                }
+                do {
+                    try await connection.query("COMMIT", logger: logger)
+                } catch {
+                    logger.error("the connection failed while committing: \(String(reflecting: error))")
+                    throw ServiceError(
+                        .timeout,
+                        "The store's connection failed while committing: the change may or may not have been made. Try again "
+                            + "(a request with an idempotency key is safe to repeat).")
+                }
+                afterCommit(result)
+                return result
             }
-            afterCommit(result)
-            return result
         }
     }
 
@@ -125,8 +143,8 @@ public final class PostgresStore: Sendable {
     }
 
     /// `work`'s result; what it threw on purpose (a ``ServiceError``, cancellation), even from
-    /// inside a transaction; `storeUnavailable` for a database failure (logged with its cause)
-    /// or when ``timeout`` passes without a result.
+    /// inside a transaction; `storeUnavailable` for a database failure (logged with its cause);
+    /// `timeout` when ``timeout`` passes without a result.
     private func bounded<T: Sendable>(_ work: @escaping @Sendable () async throws -> T) async throws -> T {
         do {
             return try await withinTimeout(timeout, work)
@@ -156,7 +174,7 @@ public final class PostgresStore: Sendable {
         let timer = Task {
             try await Task.sleep(for: limit)
             race.finish(.failure(ServiceError(
-                .storeUnavailable,
+                .timeout,
                 "The store did not answer within \(limit): the change may or may not have been made. Try again "
                     + "(a request with an idempotency key is safe to repeat).")))
             worker.cancel()

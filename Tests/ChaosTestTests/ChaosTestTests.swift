@@ -70,6 +70,19 @@ import Testing
 }
 
 extension RunPlanTests {
+    @Test func databaseFaultsComeWhenAskedForAndLeaveTheRestOfThePlanAsItWas() {
+        let without = FaultCounts(killsPerService: 1, hangsPerService: 1, doubleKills: 1, systemRestarts: 1)
+        var with = without
+        with.databasePauses = 2
+        with.databaseRestarts = 2
+        let plain = RunPlan.make(seed: 7, nonce: "00000007", people: 200, faults: without, services: services)
+        let plan = RunPlan.make(seed: 7, nonce: "00000007", people: 200, faults: with, services: services)
+        let database = plan.faults.filter { $0.services(all: services) == [PlannedFault.database] }
+        #expect(database.count == 4)
+        #expect(database.filter { if case .pauseDatabase(let ms) = $0.kind { (2_000...4_000).contains(ms) } else { false } }.count == 2)
+        #expect(plan.faults.filter { !database.contains($0) } == plain.faults, "the same seed plans the same service faults")
+    }
+
     @Test func theLongFormPlansEveryKindOfFault() {
         let counts = FaultCounts(
             killsPerService: 3, hangsPerService: 2, hangMilliseconds: 2_000...4_000, doubleKills: 2, systemRestarts: 2)
@@ -91,6 +104,7 @@ extension RunPlanTests {
                 #expect(services.firstIndex(of: first)! < services.firstIndex(of: second)!)
                 pairs.append([first, second])
             case .restartAll(let signal): signals.append(signal)
+            case .pauseDatabase, .restartDatabase: Issue.record("no database fault unless asked for")
             }
         }
         #expect(plan.killPoints.mapValues(\.count) == Dictionary(uniqueKeysWithValues: services.map { ($0, 3) }))

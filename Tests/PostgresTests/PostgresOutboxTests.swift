@@ -186,7 +186,7 @@ struct PostgresStoreTests {
         deinit { close(fd) }
     }
 
-    @Test("a server that never answers costs a caller its timeout, then storeUnavailable; migrating against an unreachable one fails naming it")
+    @Test("a server that never answers costs a caller the store's timeout, then timeout (the change may have been made); migrating against an unreachable one fails naming it")
     func silentAndUnreachable() async throws {
         let silent = try SilentServer()
         let paused = PostgresStore(
@@ -202,7 +202,7 @@ struct PostgresStoreTests {
         do {
             _ = try await paused.transaction { _ in 1 }
         } catch let error as ServiceError {
-            #expect(error.code == .storeUnavailable && error.message.contains("did not answer within"))
+            #expect(error.code == .timeout && error.message.contains("may or may not have been made"), "\(error)")
         }
         running.cancel()
 
