@@ -137,7 +137,7 @@ struct Batch {
                 WHERE a.uid = \(uid)
                 ON CONFLICT (uid) DO UPDATE SET provider = excluded.provider, subject = excluded.subject,
                   token = excluded.token, attempts = 0, created_at = excluded.created_at,
-                  next_attempt_at = excluded.next_attempt_at, last_error = NULL, last_attempt_at = NULL
+                  next_attempt_at = excluded.next_attempt_at, last_error = NULL, last_attempt_at = NULL, claim = NULL
                 """)
             try await run("DELETE FROM account WHERE uid = \(uid)")
             try await recordEndings([(digest, uid, .withdrawal)])

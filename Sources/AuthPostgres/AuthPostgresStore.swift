@@ -97,6 +97,9 @@ final class AuthPostgresStore: AuthStorage {
                 """,
                 "CREATE INDEX unlink_job_next_attempt_at ON unlink_job (next_attempt_at)",
             ])
+        // Which claim holds a job: a worker whose lease ran out (and whose job another replica
+        // took) records nothing over the new claimant's.
+        migrator.register("auth-v2-unlink-claims", ["ALTER TABLE unlink_job ADD COLUMN claim text"])
         return migrator
     }
 
@@ -201,13 +204,14 @@ final class AuthPostgresStore: AuthStorage {
 
     func claimDueUnlinkJobs(at now: Date, limit: Int, lease: TimeInterval) async throws -> [UnlinkJob] {
         let (held, count) = (now.addingTimeInterval(lease), Int64(limit))
+        let claim = UUID().uuidString.lowercased()
         let logger = writer.logger
         return try await store.read { connection in
             // Held by moving the next attempt past the lease: a replica that dies with a job
             // leaves it due again then. SKIP LOCKED: two replicas never claim one job.
             let rows = try await connection.query(
                 """
-                UPDATE unlink_job SET next_attempt_at = \(held)
+                UPDATE unlink_job SET next_attempt_at = \(held), claim = \(claim)
                 WHERE uid IN (
                   SELECT uid FROM unlink_job WHERE next_attempt_at <= \(now)
                   ORDER BY next_attempt_at LIMIT \(count) FOR UPDATE SKIP LOCKED)
@@ -222,7 +226,7 @@ final class AuthPostgresStore: AuthStorage {
                 jobs.append(
                     UnlinkJob(
                         uid: uid, provider: provider, subject: subject, token: token, attempts: Int(attempts),
-                        createdAt: created, nextAttemptAt: next, lastError: error))
+                        createdAt: created, nextAttemptAt: next, lastError: error, claim: claim))
             }
             return jobs.sorted { $0.createdAt < $1.createdAt }
         }
@@ -239,18 +243,21 @@ final class AuthPostgresStore: AuthStorage {
         }
     }
 
+    /// Records `step` only while `job`'s claim still holds it (a job queued again by a later
+    /// withdrawal, or claimed by another replica after the lease ran out, is left to them).
     func apply(_ step: UnlinkStep, to job: UnlinkJob, at now: Date) async throws {
         let logger = writer.logger
         try await store.read { connection in
             switch step {
             case .unlinked, .refused:
-                _ = try await connection.query("DELETE FROM unlink_job WHERE uid = \(job.uid)", logger: logger)
+                _ = try await connection.query(
+                    "DELETE FROM unlink_job WHERE uid = \(job.uid) AND claim IS NOT DISTINCT FROM \(job.claim)", logger: logger)
             case .retry(let at, let attempts, let error):
                 _ = try await connection.query(
                     """
                     UPDATE unlink_job SET attempts = \(Int64(attempts)), next_attempt_at = \(at), last_error = \(error),
                       last_attempt_at = \(now)
-                    WHERE uid = \(job.uid)
+                    WHERE uid = \(job.uid) AND claim IS NOT DISTINCT FROM \(job.claim)
                     """,
                     logger: logger)
             }

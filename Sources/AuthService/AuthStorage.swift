@@ -49,7 +49,8 @@ public protocol AuthStorage: SessionVerifier {
     /// When the next job is due (`nil`: the queue is empty).
     func nextUnlinkAttempt() async throws -> Date?
 
-    /// Carries out `step` for `job`: deletes it, or records the failure and the next attempt.
+    /// Carries out `step` for `job`: deletes it, or records the failure and the next attempt;
+    /// nothing when `job`'s claim (``UnlinkJob/claim``) no longer holds it.
     func apply(_ step: UnlinkStep, to job: UnlinkJob, at now: Date) async throws
 
     /// The queue as `health` shows it.

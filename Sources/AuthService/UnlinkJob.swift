@@ -22,10 +22,13 @@ public struct UnlinkJob: Sendable, Hashable {
     public var nextAttemptAt: Date
     /// The last attempt's failure (never holds the token).
     public var lastError: String?
+    /// Which claim of a shared store holds the job (see `AuthStorage.claimDueUnlinkJobs`): what
+    /// this claimant records is kept only while the claim is still its own. `nil`: one claimant.
+    public var claim: String?
 
     public init(
         uid: String, provider: Provider, subject: String, token: String?, attempts: Int = 0, createdAt: Date,
-        nextAttemptAt: Date, lastError: String? = nil
+        nextAttemptAt: Date, lastError: String? = nil, claim: String? = nil
     ) {
         self.uid = uid
         self.provider = provider
@@ -35,6 +38,7 @@ public struct UnlinkJob: Sendable, Hashable {
         self.createdAt = createdAt
         self.nextAttemptAt = nextAttemptAt
         self.lastError = lastError
+        self.claim = claim
     }
 
     /// What to send for this job with `settings`, or why the job is dropped unsent.

@@ -76,7 +76,16 @@ struct AuthPostgresRaceTests {
             #expect(Set(mine.map(\.uid)).isDisjoint(with: theirs.map(\.uid)))
             #expect(mine.count + theirs.count == 20)
             #expect(try await a.claimDueUnlinkJobs(at: now.addingTimeInterval(59), limit: 50, lease: 60).isEmpty)
-            #expect(try await b.claimDueUnlinkJobs(at: now.addingTimeInterval(61), limit: 50, lease: 60).count == 20, "a dead claimant's jobs come back")
+            let again = try await b.claimDueUnlinkJobs(at: now.addingTimeInterval(61), limit: 50, lease: 60)
+            #expect(again.count == 20, "a dead claimant's jobs come back")
+            // The first claimant wakes up late: what it records is dropped, the new claim's stays.
+            let late = try #require(mine.first)
+            try await a.apply(.unlinked, to: late, at: now.addingTimeInterval(62))
+            try await a.apply(.retry(at: now.addingTimeInterval(500), attempts: 1, error: "late"), to: late, at: now.addingTimeInterval(62))
+            #expect(try await a.unlinkQueueStatus(at: now.addingTimeInterval(62)).pending == 20)
+            let current = try #require(again.first { $0.uid == late.uid })
+            try await b.apply(.unlinked, to: current, at: now.addingTimeInterval(63))
+            #expect(try await a.unlinkQueueStatus(at: now.addingTimeInterval(63)).pending == 19)
         }
     }
 
