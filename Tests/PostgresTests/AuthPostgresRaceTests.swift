@@ -15,7 +15,8 @@ struct AuthPostgresRaceTests {
     /// hold 100 sessions: the races sign one account in many times.
     func withTwoReplicas(_ body: @Sendable (any AuthStorage, any AuthStorage) async throws -> Void) async throws {
         try await TestPostgres.withSchema { location in
-            let database = AuthPostgresDatabase(location: location)
+            // Tests run many stores at once on a loaded machine: a small pool each, and time.
+            let database = AuthPostgresDatabase(location: location, maxConnections: 4, timeout: .seconds(15))
             let bus = InProcessBus()
             func context(_ name: String) async throws -> AuthStorageContext {
                 AuthStorageContext(

@@ -346,6 +346,9 @@ func withAuthDatabase<Result: Sendable>(
     case .sqlite:
         return try await withTemporaryDirectory { directory in try await body(SQLiteAuthDatabase(path: "\(directory)/auth.sqlite")) }
     case .postgres:
-        return try await TestPostgres.withSchema { location in try await body(AuthPostgresDatabase(location: location)) }
+        // Tests run many stores at once on a loaded machine: a small pool each, and time.
+        return try await TestPostgres.withSchema { location in
+            try await body(AuthPostgresDatabase(location: location, maxConnections: 4, timeout: .seconds(15)))
+        }
     }
 }
