@@ -11,7 +11,10 @@ struct FeedZeroMQTests {
     @Test("a feed started amid sign-ins gets every auth event once, in order, despite the slow joiner", arguments: FeedMode.allCases)
     func followsAuthOverZeroMQ(mode: FeedMode) async throws {
         // Below the ephemeral range; the messaging tests take 20000-24999, the system tests 26000 up.
-        let port = Int.random(in: 25_000..<25_900)
+        // Each mode has half of 25000-25899, and an even port: the two cases run at once, and
+        // one's events port must never be the other's request port.
+        let half = FeedMode.allCases.firstIndex(of: mode)! * 450
+        let port = 25_000 + half + 2 * Int.random(in: 0..<225)
         let configuration = AuthService.Configuration(
             rpc: Endpoint("tcp://127.0.0.1:\(port)"), events: Endpoint("tcp://127.0.0.1:\(port + 1)"), devMode: true,
             serviceToken: "secret")
