@@ -14,9 +14,16 @@ public enum TestPostgres {
         return logger
     }()
 
+    /// At most two tests use the database at once: each opens a pool of connections (a server
+    /// process each), and dozens starting together on two cores starve the timing-sensitive
+    /// tests beside them.
+    static let turns = Turns(2)
+
     /// Runs `body` with a location in a fresh schema of the test database, dropped afterwards.
     public static func withSchema<T: Sendable>(_ body: (PostgresLocation) async throws -> T) async throws -> T {
         guard let url else { throw TestPostgresMissing() }
+        await turns.acquire()
+        defer { Task { await turns.release() } }
         let schema = "t_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "").prefix(24)
         let location = try PostgresLocation(url: url, schema: String(schema))
         let result: Result<T, any Error>
@@ -29,6 +36,26 @@ public enum TestPostgres {
             try await client.query(PostgresQuery(unsafeSQL: "DROP SCHEMA IF EXISTS \(schema) CASCADE"), logger: logger)
         }
         return try result.get()
+    }
+}
+
+/// A counting semaphore for tasks: ``acquire()`` waits while `limit` holders have not released.
+actor Turns {
+    private var free: Int
+    private var waiting: [CheckedContinuation<Void, Never>] = []
+
+    init(_ limit: Int) { free = limit }
+
+    func acquire() async {
+        if free > 0 {
+            free -= 1
+            return
+        }
+        await withCheckedContinuation { waiting.append($0) }
+    }
+
+    func release() {
+        if waiting.isEmpty { free += 1 } else { waiting.removeFirst().resume() }
     }
 }
 
