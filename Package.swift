@@ -130,7 +130,7 @@ let package = Package(
         .target(
             name: "PostgresSupport",
             dependencies: [
-                "Messaging", "OnboardingAPI", "ServiceRuntime",
+                "Messaging", "OnboardingAPI", "OnboardingSettings", "ServiceRuntime",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -144,10 +144,19 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // profile's store in PostgreSQL (see AuthPostgres).
+        .target(
+            name: "ProfilePostgres",
+            dependencies: [
+                "ProfileService", "PostgresSupport", "Messaging", "OnboardingAPI", "OnboardingSettings", "ServiceRuntime",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .testTarget(
             name: "PostgresTests",
             dependencies: [
-                "PostgresSupport", "AuthPostgres", "AuthService", "Messaging", "OnboardingAPI", "OnboardingSettings",
+                "PostgresSupport", "AuthPostgres", "AuthService", "ProfilePostgres", "ProfileService", "Messaging", "OnboardingAPI", "OnboardingSettings",
                 "ServiceRuntime", "TestSupport",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -256,7 +265,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "profile-service",
-            dependencies: ["ProfileService", "ServiceHosting", "OnboardingAPI", "OnboardingSettings"]
+            dependencies: ["ProfileService", "ProfilePostgres", "ServiceHosting", "OnboardingAPI", "OnboardingSettings"]
         ),
 
         // libvips (Debian's libvips-dev) decodes, strips and re-encodes every image. CVips wraps
@@ -298,8 +307,9 @@ let package = Package(
             name: "ServiceTests",
             dependencies: [
                 "AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator", "ImageFixtures",
-                "ZeroMQMessaging", "TestSupport", "FuzzKit", "AuthPostgres",
+                "ZeroMQMessaging", "TestSupport", "FuzzKit", "AuthPostgres", "ProfilePostgres", "PostgresSupport",
                 .product(name: "PropertyBased", package: "swift-property-based"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
             ]
         ),
 

@@ -1,5 +1,4 @@
 import AuthService
-import Messaging
 import OnboardingSettings
 import PostgresSupport
 
@@ -9,14 +8,7 @@ extension AuthPostgresDatabase {
     ///
     /// - Throws: ``SettingError`` naming the setting that cannot work.
     public init?(_ settings: Settings) throws {
-        guard let url = settings.text(.postgresURL), !url.isEmpty else { return nil }
-        let schema = settings.text(.authPostgresSchema) ?? "auth"
-        do {
-            self.init(location: try PostgresLocation(url: url, schema: schema))
-        } catch {
-            // The schema's problem, or the URL's (never echoed: it may hold a password).
-            let setting: Setting = error.message.contains("schema name") ? .authPostgresSchema : .postgresURL
-            throw settings.invalid(setting, setting == .postgresURL ? url : schema, reason: error.message)
-        }
+        guard let location = try PostgresLocation(settings, schema: .authPostgresSchema) else { return nil }
+        self.init(location: location)
     }
 }

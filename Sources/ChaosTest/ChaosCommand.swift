@@ -202,11 +202,10 @@ public struct ChaosCommand: AsyncParsableCommand {
 
     /// auth's PostgreSQL database, when `postgres.url` says auth keeps its store there.
     static func authPostgres(_ settings: Settings) throws -> PostgresLocation? {
-        guard let url = settings.text(.postgresURL), !url.isEmpty else { return nil }
         do {
-            return try PostgresLocation(url: url, schema: settings.text(.authPostgresSchema) ?? "auth")
+            return try PostgresLocation(settings, schema: .authPostgresSchema)
         } catch {
-            throw ValidationError(error.message)
+            throw ValidationError(error.description)
         }
     }
 }

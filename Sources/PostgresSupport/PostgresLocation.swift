@@ -87,7 +87,7 @@ public struct PostgresLocation: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// `schema` when it is a plain lower-case identifier (it is written into statements).
-    static func checkedSchema(_ schema: String) throws(ServiceError) -> String {
+    public static func checkedSchema(_ schema: String) throws(ServiceError) -> String {
         let allowed = schema.utf8.allSatisfy { ($0 >= 97 && $0 <= 122) || ($0 >= 48 && $0 <= 57) || $0 == 95 }
         guard allowed, let first = schema.utf8.first, !(first >= 48 && first <= 57), schema.utf8.count <= 63 else {
             throw ServiceError(

@@ -32,6 +32,7 @@ public final class ProfileCache: Sendable {
     private struct State {
         var entries: LRUCache<String, ProfileResult>
         var changes: UInt64 = 0
+        var isTracking = true
     }
 
     private let state: Mutex<State>
@@ -54,7 +55,7 @@ public final class ProfileCache: Sendable {
     /// The cached answer for `uid`, or a ticket to fill it with.
     public func lookup(_ uid: String) -> Lookup {
         state.withLock { state in
-            if let cached = state.entries.value(for: uid) { return .hit(cached) }
+            if state.isTracking, let cached = state.entries.value(for: uid) { return .hit(cached) }
             return .miss(FillTicket(changes: state.changes))
         }
     }
@@ -63,7 +64,7 @@ public final class ProfileCache: Sendable {
     /// changed since then.
     public func fill(_ uid: String, with answer: ProfileResult, ticket: FillTicket) {
         state.withLock { state in
-            guard state.changes == ticket.changes else { return }
+            guard state.isTracking, state.changes == ticket.changes else { return }
             // Of two reads that missed together, the newer answer stays.
             if let cached = state.entries.value(for: uid),
                 (cached.asOfSequence ?? 0) > (answer.asOfSequence ?? 0)
@@ -78,6 +79,7 @@ public final class ProfileCache: Sendable {
     public func store(_ profile: Profile, sequence: UInt64) {
         state.withLock { state in
             state.changes &+= 1
+            guard state.isTracking else { return }
             state.entries.set(ProfileResult(profile: profile, asOfSequence: sequence), for: profile.uid)
         }
     }
@@ -87,6 +89,31 @@ public final class ProfileCache: Sendable {
         state.withLock { state in
             state.changes &+= 1
             state.entries.removeValue(for: uid)
+        }
+    }
+
+    /// Forgets what is cached for `uid` when it is older than `sequence`: another replica's
+    /// change, numbered `sequence`, was committed (this one's own changes are cached newer).
+    public func remove(_ uid: String, olderThan sequence: UInt64) {
+        state.withLock { state in
+            state.changes &+= 1
+            if let cached = state.entries.value(for: uid), (cached.asOfSequence ?? 0) >= sequence { return }
+            state.entries.removeValue(for: uid)
+        }
+    }
+
+    /// Whether answers are kept. A store shared by several replicas turns this off (forgetting
+    /// everything) while it cannot hear of the others' changes, and on once it can again:
+    /// meanwhile every lookup misses.
+    public var isTracking: Bool {
+        get { state.withLock { $0.isTracking } }
+        set {
+            let capacity = self.capacity
+            state.withLock { state in
+                state.changes &+= 1
+                state.isTracking = newValue
+                state.entries = LRUCache(capacity: capacity)
+            }
         }
     }
 }

@@ -7,23 +7,42 @@ import ServiceRuntime
 ///
 /// Thread safety: immutable; handlers run concurrently, one task per request.
 struct ProfileRequests: Sendable {
-    let store: ProfileStore
+    let store: any ProfileStorage
     let cache: ProfileCache
 
     func dispatcher(sessions: any SessionVerifier, serviceToken: String?, logger: Logger) -> RequestDispatcher {
         var dispatcher = RequestDispatcher(
             source: ServiceName.profile, sessions: sessions, serviceToken: serviceToken, logger: logger)
-        // The orchestrator asks for a profile on every check: answered on the bus's thread.
+        // The orchestrator asks for a profile on every check: on SQLite, answered on the bus's
+        // thread; elsewhere from the cache, or the store when the cache misses.
         let cache = self.cache
-        dispatcher.onLoop(GetProfile.self, access: .sessionOrService, database: store.writer, writes: false) { _, context, db in
-            let uid = try context.requireUID()
-            switch cache.lookup(uid) {
-            case .hit(let answer):
-                return answer
-            case .miss(let ticket):
-                let answer = try ProfileStore.read(uid: uid, in: db)
-                cache.fill(uid, with: answer, ticket: ticket)
-                return answer
+        if let sqlite = store as? ProfileStore {
+            dispatcher.onLoop(GetProfile.self, access: .sessionOrService, database: sqlite.writer, writes: false) { _, context, db in
+                let uid = try context.requireUID()
+                switch cache.lookup(uid) {
+                case .hit(let answer):
+                    return answer
+                case .miss(let ticket):
+                    let answer = try ProfileStore.read(uid: uid, in: db)
+                    cache.fill(uid, with: answer, ticket: ticket)
+                    return answer
+                }
+            }
+            dispatcher.onEventsAfter(database: sqlite.writer)
+        } else {
+            dispatcher.on(GetProfile.self, access: .sessionOrService) { _, context in
+                let uid = try context.requireUID()
+                switch cache.lookup(uid) {
+                case .hit(let answer):
+                    return answer
+                case .miss(let ticket):
+                    let answer = try await store.read(uid: uid)
+                    cache.fill(uid, with: answer, ticket: ticket)
+                    return answer
+                }
+            }
+            dispatcher.on(EventsAfter.self, access: .serviceWithoutUID) { request, _ in
+                try await store.events(after: request.sequence, limit: request.limit)
             }
         }
         dispatcher.on(CreateProfile.self, access: .service) { request, context in
@@ -56,7 +75,6 @@ struct ProfileRequests: Sendable {
             cache.remove(try context.requireUID())
             return Acknowledged()
         }
-        dispatcher.onEventsAfter(database: store.writer)
         return dispatcher
     }
 

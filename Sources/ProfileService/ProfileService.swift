@@ -28,8 +28,12 @@ public struct ProfileService: Service {
         public var events: Endpoint
         /// Auth's request endpoint, for verifying session tokens.
         public var authRPC: Endpoint
-        /// The SQLite file; `nil` keeps everything in memory (tests).
+        /// The SQLite file; `nil` keeps everything in memory (tests). Unused when ``database``
+        /// is set.
         public var databasePath: String?
+        /// Another database than SQLite (PostgreSQL: `ProfilePostgresDatabase`, in the
+        /// `ProfilePostgres` module); `nil`: the SQLite file at ``databasePath``.
+        public var database: (any ProfileDatabase)?
         /// How many people's profiles the cache keeps; at least 1.
         public var cacheCapacity: Int
         /// The secret service-only requests must carry; `nil` trusts every caller (tests only).
@@ -46,7 +50,8 @@ public struct ProfileService: Service {
             databasePath: String? = nil,
             cacheCapacity: Int = Configuration.defaultCacheCapacity,
             serviceToken: String? = nil,
-            eventRetention: Outbox.Retention = Outbox.Retention()
+            eventRetention: Outbox.Retention = Outbox.Retention(),
+            database: (any ProfileDatabase)? = nil
         ) {
             self.rpc = rpc
             self.events = events
@@ -55,7 +60,11 @@ public struct ProfileService: Service {
             self.cacheCapacity = cacheCapacity
             self.serviceToken = serviceToken
             self.eventRetention = eventRetention
+            self.database = database
         }
+
+        /// Where the store is kept: ``database``, or the SQLite file at ``databasePath``.
+        public var storeDatabase: any ProfileDatabase { database ?? SQLiteProfileDatabase(path: databasePath) }
     }
 
     /// What the request endpoint accepts: envelopes up to 64 KiB and no binary frame.
@@ -86,36 +95,27 @@ public struct ProfileService: Service {
             ?? RemoteSessionVerifier(bus: bus, authEndpoint: configuration.authRPC, source: ServiceName.profile)
     }
 
-    /// Opens and migrates the database, binds the event publisher, and answers requests until
-    /// graceful shutdown or cancellation.
+    /// Binds the event publisher, opens and migrates the store (``Configuration/storeDatabase``),
+    /// and answers requests until graceful shutdown or cancellation.
     ///
     /// - Throws: ``ServiceError`` `storeUnavailable` when the database cannot be opened, or the
     ///   bus's `addressInUse` / `invalidEndpoint` when an endpoint cannot be bound.
     public func run() async throws {
-        let path = configuration.databasePath
-        let writer = try await ServiceDatabase.offPool { try ProfileStore.openDatabase(path: path) }
-        try await ServiceDatabase.closing(writer, logger: logger) {
-            let publisher = try await bus.publisher(at: configuration.events)
-            defer { publisher.close() }
-            logger.info("profile publishes events at \(configuration.events)")
-
-            let cache = ProfileCache(capacity: configuration.cacheCapacity)
-            let store = ProfileStore(
-                writer: writer,
-                outbox: Outbox(source: ServiceName.profile, publisher: publisher),
-                logger: logger,
-                afterCommit: { uid, profile, sequence in
-                    if let profile { cache.store(profile, sequence: sequence) } else { cache.remove(uid) }
-                })
+        let publisher = try await bus.publisher(at: configuration.events)
+        defer { publisher.close() }
+        logger.info("profile publishes events at \(configuration.events)")
+        let database = configuration.storeDatabase
+        logger.info("profile keeps its store in \(database)")
+        let cache = ProfileCache(capacity: configuration.cacheCapacity)
+        let context = ProfileStorageContext(
+            publisher: publisher, cache: cache, eventRetention: configuration.eventRetention, logger: logger)
+        let (bus, sessions, serviceToken, logger, rpc) = (bus, sessions, configuration.serviceToken, logger, configuration.rpc)
+        try await database.withStorage(context) { store in
             let requests = ProfileRequests(store: store, cache: cache)
             let server = RequestServer(
-                bus: bus, endpoint: configuration.rpc, limits: Self.rpcLimits,
-                dispatcher: requests.dispatcher(sessions: sessions, serviceToken: configuration.serviceToken, logger: logger), logger: logger)
-            try await withEventRetention(configuration.eventRetention, database: writer, logger: logger) {
-                try await withCheckpoints(path: configuration.databasePath, writer: writer, logger: logger) {
-                    try await server.run()
-                }
-            }
+                bus: bus, endpoint: rpc, limits: Self.rpcLimits,
+                dispatcher: requests.dispatcher(sessions: sessions, serviceToken: serviceToken, logger: logger), logger: logger)
+            try await server.run()
         }
     }
 }

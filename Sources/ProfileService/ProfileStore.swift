@@ -20,7 +20,7 @@ import ServiceRuntime
 /// (with the rule as `reason`), `usernameTaken`, `profileExists`, `profileNotFound` and
 /// `invalidRequest`; any failure of the database itself is logged and thrown as
 /// `storeUnavailable` (nothing was changed), never as a missing profile.
-public struct ProfileStore: Sendable {
+public struct ProfileStore: ProfileStorage {
     /// Told of each committed change: the person, their profile now (`nil`: deleted) and the
     /// sequence number of the event that reports the change.
     ///
@@ -96,13 +96,6 @@ public struct ProfileStore: Sendable {
 
     // MARK: Reading
 
-    /// The profile of `uid`, or `nil` when that person has none (a normal answer).
-    ///
-    /// - Throws: `storeUnavailable`.
-    public func fetch(uid: String) async throws(ServiceError) -> Profile? {
-        try await read(uid: uid).profile
-    }
-
     /// The profile of `uid` (`nil`: none) and how new that answer is
     /// (``ProfileResult/asOfSequence``): for a profile, the sequence of the event that last
     /// changed it; for none, the newest sequence recorded so far, read in the same snapshot.
@@ -154,31 +147,20 @@ public struct ProfileStore: Sendable {
     /// - Parameters:
     ///   - idempotencyKey: see ``IdempotencyKey``.
     ///   - correlationId: the request that caused it, carried by the event.
+    /// Answered with how new the answer is: the sequence of the `ProfileCreated` event (for a
+    /// repeated key, of the event that last changed the profile).
     /// - Throws: `invalidUsername`, `invalidRequest` (an image path that is not one of this
     ///   person's as image-upload makes them, or a malformed idempotency key), `profileExists`,
     ///   `usernameTaken` or `storeUnavailable`.
-    public func create(
-        uid: String, username: String, imagePath: String?, idempotencyKey: String? = nil, correlationId: String? = nil
-    ) async throws(ServiceError) -> Profile {
-        try await createRecorded(
-            uid: uid, username: username, imagePath: imagePath, idempotencyKey: idempotencyKey,
-            correlationId: correlationId
-        ).profile
-    }
-
-    /// ``create(uid:username:imagePath:idempotencyKey:correlationId:)``, answered with how new
-    /// the answer is: the sequence of the `ProfileCreated` event (for a repeated key, of the event
-    /// that last changed the profile).
     public func createRecorded(
         uid: String, username: String, imagePath: String?, idempotencyKey: String? = nil, correlationId: String? = nil
     ) async throws(ServiceError) -> (profile: Profile, sequence: UInt64) {
-        if let problem = IdempotencyKey.problem(idempotencyKey) { throw problem }
-        let (username, usernameKey) = try Self.validated(username)
-        try Self.validate(imagePath: imagePath, of: uid)
+        let (username, usernameKey) = try ProfileRules.checkCreate(
+            uid: uid, username: username, imagePath: imagePath, idempotencyKey: idempotencyKey)
         let (outbox, afterCommit) = (self.outbox, self.afterCommit)
         return try await run { db in
             if let existing = try ProfileRow.fetchOne(db, key: uid) {
-                guard let idempotencyKey, existing.createKey == idempotencyKey else { throw Self.profileExists }
+                guard let idempotencyKey, existing.createKey == idempotencyKey else { throw ProfileRules.profileExists }
                 return (existing.profile, existing.sequence)
             }
             let now = Timestamp.now()
@@ -198,26 +180,18 @@ public struct ProfileStore: Sendable {
     ///
     /// A field that is `nil` stays as it is. When nothing would change, the profile is returned
     /// as it is and no event is recorded.
+    /// Answered with the sequence of the event that last changed the profile (this one's, when
+    /// something changed).
     /// - Throws: `invalidUsername`, `invalidRequest` (an image path that is not one of this person's
     ///   as image-upload makes them), `profileNotFound`, `usernameTaken` or `storeUnavailable`.
-    public func update(uid: String, username: String?, imagePath: String?, correlationId: String? = nil)
-        async throws(ServiceError) -> Profile
-    {
-        try await updateRecorded(uid: uid, username: username, imagePath: imagePath, correlationId: correlationId).profile
-    }
-
-    /// ``update(uid:username:imagePath:correlationId:)``, answered with the sequence of the
-    /// event that last changed the profile (this one's, when something changed).
     public func updateRecorded(uid: String, username: String?, imagePath: String?, correlationId: String? = nil)
         async throws(ServiceError) -> (profile: Profile, sequence: UInt64)
     {
-        let username = try username.map { name throws(ServiceError) in try Self.validated(name) }
-        try Self.validate(imagePath: imagePath, of: uid)
+        let username = try username.map { name throws(ServiceError) in try ProfileRules.validated(name) }
+        try ProfileRules.validate(imagePath: imagePath, of: uid)
         let (outbox, afterCommit) = (self.outbox, self.afterCommit)
         return try await run { db in
-            guard var row = try ProfileRow.fetchOne(db, key: uid) else {
-                throw ServiceError(.profileNotFound, "This person has no profile to change; create it with profile.create.")
-            }
+            guard var row = try ProfileRow.fetchOne(db, key: uid) else { throw ProfileRules.profileNotFound }
             let before = row
             if let username {
                 row.username = username.name
@@ -248,32 +222,14 @@ public struct ProfileStore: Sendable {
         }
     }
 
+    // MARK: Replay
+
+    /// The recorded events after `sequence`, for `events.after`.
+    public func events(after sequence: UInt64, limit: Int?) async throws(ServiceError) -> EventPage {
+        try await run(write: false) { db in try Outbox.events(after: sequence, limit: limit, in: db) }
+    }
+
     // MARK: Rules
-
-    private static let profileExists = ServiceError(
-        .profileExists, "This person already has a profile; change it with profile.update.")
-
-    /// The username as stored (NFC) and its uniqueness key, from one bounded check: the name is
-    /// normalized once per request.
-    private static func validated(_ username: String) throws(ServiceError) -> (name: String, key: String) {
-        let checked = UsernameRules.check(username)
-        guard let key = checked.uniquenessKey else { throw .username(checked.problem ?? .invalidCharacters) }
-        return (checked.normalized, key)
-    }
-
-    /// An image path must name one of the person's own images exactly as image-upload makes
-    /// them (``StoredImagePath``): `<uid>/<name>.<extension>`, where the name is a UUID or an
-    /// idempotency key and the extension an image kind's. Anything else (another person's
-    /// image, a thumbnail, `<uid>/evil<script>.html`) is refused.
-    private static func validate(imagePath: String?, of uid: String) throws(ServiceError) {
-        guard let imagePath else { return }
-        guard StoredImagePath.imageFileName(in: imagePath, uid: uid) != nil else {
-            throw ServiceError(
-                .invalidRequest,
-                "imagePath must be the path image.upload returned for this person (<uid>/<name>.<png|jpeg|webp|heic>); "
-                    + "leave it out when there is no image.")
-        }
-    }
 
     private static func tell(_ observer: CommitObserver?, uid: String, profile: Profile?, sequence: UInt64, in db: Database) {
         guard let observer else { return }
@@ -288,7 +244,7 @@ public struct ProfileStore: Sendable {
         } catch let error as DatabaseError where error.extendedResultCode == .SQLITE_CONSTRAINT_UNIQUE {
             throw ServiceError.username(.duplicated)
         } catch let error as DatabaseError where error.extendedResultCode == .SQLITE_CONSTRAINT_PRIMARYKEY {
-            throw profileExists
+            throw ProfileRules.profileExists
         }
     }
 

@@ -1,5 +1,6 @@
 import OnboardingAPI
 import OnboardingSettings
+import ProfilePostgres
 import ProfileService
 import ServiceHosting
 import ServiceLifecycle
@@ -11,6 +12,8 @@ enum ProfileServiceMain: HostedProgram {
     static let abstract = "Keeps profiles and usernames, answers profile.* requests and publishes profile events."
 
     static func services(_ host: Host) async throws -> [any Service] {
-        [try ProfileService(configuration: .init(host.settings), bus: host.bus, logger: host.logger)]
+        var configuration = try ProfileService.Configuration(host.settings)
+        configuration.database = try ProfilePostgresDatabase(host.settings)
+        return [try ProfileService(configuration: configuration, bus: host.bus, logger: host.logger)]
     }
 }

@@ -3,29 +3,32 @@ import GRDB
 import Messaging
 import OnboardingAPI
 @testable import ProfileService
+import TestSupport
 import ServiceRuntime
 import Testing
 
 extension ProfileServiceTests {
     @Suite("Idempotent create")
     struct IdempotentCreateTests {
-        @Test("a create that repeats the key of the one that made the profile gets that profile, and no second event")
-        func sameKeyAnswersTheProfile() async throws {
-            let store = try await makeStore()
-            let created = try await store.create(uid: "u1", username: "mina", imagePath: "u1/a.png", idempotencyKey: "key-1")
-            let again = try await store.create(uid: "u1", username: "mina", imagePath: "u1/a.png", idempotencyKey: "key-1")
-            #expect(again == created)
-            #expect(try await outboxRows(store).map(\.type) == [ProfileCreated.type])
+        @Test("a create that repeats the key of the one that made the profile gets that profile, and no second event", arguments: StoreKind.available)
+        func sameKeyAnswersTheProfile(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                let created = try await store.create(uid: "u1", username: "mina", imagePath: "u1/a.png", idempotencyKey: "key-1")
+                let again = try await store.create(uid: "u1", username: "mina", imagePath: "u1/a.png", idempotencyKey: "key-1")
+                #expect(again == created)
+                #expect(try await outboxRows(store).map(\.type) == [ProfileCreated.type])
+            }
         }
 
-        @Test("the retry is answered with the profile as it is now, whatever the retry's fields say")
-        func retryAnswersTheCurrentProfile() async throws {
-            let store = try await makeStore()
-            _ = try await store.create(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "key-1")
-            let renamed = try await store.update(uid: "u1", username: "sora", imagePath: nil)
-            let again = try await store.create(uid: "u1", username: "other", imagePath: nil, idempotencyKey: "key-1")
-            #expect(again == renamed)
-            #expect(try await outboxRows(store).map(\.type) == [ProfileCreated.type, ProfileUpdated.type])
+        @Test("the retry is answered with the profile as it is now, whatever the retry's fields say", arguments: StoreKind.available)
+        func retryAnswersTheCurrentProfile(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                _ = try await store.create(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "key-1")
+                let renamed = try await store.update(uid: "u1", username: "sora", imagePath: nil)
+                let again = try await store.create(uid: "u1", username: "other", imagePath: nil, idempotencyKey: "key-1")
+                #expect(again == renamed)
+                #expect(try await outboxRows(store).map(\.type) == [ProfileCreated.type, ProfileUpdated.type])
+            }
         }
 
         @Test("another key, no key, or a key after a create without one is profileExists", arguments: [
@@ -41,14 +44,15 @@ extension ProfileServiceTests {
             #expect(try await outboxRows(store).count == 1)
         }
 
-        @Test("keys belong to the person: the same key for someone else creates their profile")
-        func keysAreScopedToThePerson() async throws {
-            let store = try await makeStore()
-            _ = try await store.create(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "shared")
-            let other = try await store.create(uid: "u2", username: "sora", imagePath: nil, idempotencyKey: "shared")
-            #expect(other.uid == "u2")
-            let taken = await refusal { _ = try await store.create(uid: "u3", username: "MINA", imagePath: nil, idempotencyKey: "shared") }
-            #expect(taken?.code == .usernameTaken)
+        @Test("keys belong to the person: the same key for someone else creates their profile", arguments: StoreKind.available)
+        func keysAreScopedToThePerson(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                _ = try await store.create(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "shared")
+                let other = try await store.create(uid: "u2", username: "sora", imagePath: nil, idempotencyKey: "shared")
+                #expect(other.uid == "u2")
+                let taken = await refusal { _ = try await store.create(uid: "u3", username: "MINA", imagePath: nil, idempotencyKey: "shared") }
+                #expect(taken?.code == .usernameTaken)
+            }
         }
 
         @Test("a malformed key is refused as an invalid request, and nothing is stored", arguments: [
@@ -62,36 +66,38 @@ extension ProfileServiceTests {
             #expect(try await store.fetch(uid: "u1") == nil)
         }
 
-        @Test("the longest key and a UUID are accepted")
-        func wellFormedKeys() async throws {
-            let store = try await makeStore()
-            _ = try await store.create(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: String(repeating: "K", count: 64))
-            _ = try await store.create(uid: "u2", username: "sora", imagePath: nil, idempotencyKey: IdempotencyKey.make())
+        @Test("the longest key and a UUID are accepted", arguments: StoreKind.available)
+        func wellFormedKeys(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                _ = try await store.create(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: String(repeating: "K", count: 64))
+                _ = try await store.create(uid: "u2", username: "sora", imagePath: nil, idempotencyKey: IdempotencyKey.make())
+            }
         }
 
-        @Test("after a delete, the same key creates a new profile")
-        func deleteForgetsTheKey() async throws {
-            let store = try await makeStore()
-            _ = try await store.create(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "key-1")
-            #expect(try await store.delete(uid: "u1", reason: .request))
-            let again = try await store.create(uid: "u1", username: "sora", imagePath: nil, idempotencyKey: "key-1")
-            #expect(again.username == "sora")
-            #expect(try await outboxRows(store).map(\.type) == [ProfileCreated.type, ProfileDeleted.type, ProfileCreated.type])
+        @Test("after a delete, the same key creates a new profile", arguments: StoreKind.available)
+        func deleteForgetsTheKey(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                _ = try await store.create(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "key-1")
+                #expect(try await store.delete(uid: "u1", reason: .request))
+                let again = try await store.create(uid: "u1", username: "sora", imagePath: nil, idempotencyKey: "key-1")
+                #expect(again.username == "sora")
+                #expect(try await outboxRows(store).map(\.type) == [ProfileCreated.type, ProfileDeleted.type, ProfileCreated.type])
+            }
         }
 
-        @Test("simultaneous creates with one key all get the one profile, recorded once")
-        func concurrentRetries() async throws {
-            try await withTemporaryFolder { directory async throws in
-                let path = directory.appendingPathComponent("profile.sqlite").path
-                let store = try await makeStore(writer: ProfileStore.openDatabase(path: path))
-                let profiles = try await withThrowingTaskGroup(of: Profile.self) { group in
-                    for _ in 0..<8 {
-                        group.addTask { try await store.create(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "key-1") }
+        @Test("simultaneous creates with one key all get the one profile, recorded once", arguments: StoreKind.available)
+        func concurrentRetries(kind: StoreKind) async throws {
+            try await withProfileDatabase(kind, inMemory: false) { database async throws in
+                try await withProfileStore(of: database) { store async throws in
+                    let profiles = try await withThrowingTaskGroup(of: Profile.self) { group in
+                        for _ in 0..<8 {
+                            group.addTask { try await store.create(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "key-1") }
+                        }
+                        return try await group.reduce(into: []) { $0.append($1) }
                     }
-                    return try await group.reduce(into: []) { $0.append($1) }
+                    #expect(Set(profiles).count == 1)
+                    #expect(try await outboxRows(store).count == 1)
                 }
-                #expect(Set(profiles).count == 1)
-                #expect(try await outboxRows(store).count == 1)
             }
         }
 

@@ -3,23 +3,24 @@ import GRDB
 import Messaging
 import OnboardingAPI
 @testable import ProfileService
+import TestSupport
 import ServiceRuntime
 import Testing
 
 extension ProfileServiceTests {
     @Suite("Through the bus")
     struct ThroughTheBus {
-        @Test("a person without a profile is told so, as a normal answer")
-        func noProfile() async throws {
-            try await RunningProfileService.with { service async throws in
+        @Test("a person without a profile is told so, as a normal answer", arguments: StoreKind.available)
+        func noProfile(kind: StoreKind) async throws {
+            try await RunningProfileService.with(kind) { service async throws in
                 #expect(try await service.call(GetProfile(), uid: "u1") == ProfileResult(profile: nil, asOfSequence: 0))
                 #expect(try await service.call(GetProfile(), token: "token-u1") == ProfileResult(profile: nil, asOfSequence: 0))
             }
         }
 
-        @Test("create, get, update and delete round trip, each change published in sequence")
-        func roundTrip() async throws {
-            try await RunningProfileService.with { service async throws in
+        @Test("create, get, update and delete round trip, each change published in sequence", arguments: StoreKind.available)
+        func roundTrip(kind: StoreKind) async throws {
+            try await RunningProfileService.with(kind) { service async throws in
                 let events = try await service.events()
 
                 let created = try #require(
@@ -55,9 +56,9 @@ extension ProfileServiceTests {
             }
         }
 
-        @Test("username refusals travel as codes with their reason")
-        func usernameRefusals() async throws {
-            try await RunningProfileService.with { service async throws in
+        @Test("username refusals travel as codes with their reason", arguments: StoreKind.available)
+        func usernameRefusals(kind: StoreKind) async throws {
+            try await RunningProfileService.with(kind) { service async throws in
                 for (name, reason) in [("", "empty"), ("a", "tooShort"), ("abcdefghij", "tooLong"), ("mi na", "invalidCharacters")] {
                     let error = await refusal { _ = try await service.call(CreateProfile(username: name), uid: "u1") }
                     #expect(error?.code == .invalidUsername)
@@ -77,9 +78,9 @@ extension ProfileServiceTests {
             }
         }
 
-        @Test("deleting a profile frees the username for someone else")
-        func deleteFreesName() async throws {
-            try await RunningProfileService.with { service async throws in
+        @Test("deleting a profile frees the username for someone else", arguments: StoreKind.available)
+        func deleteFreesName(kind: StoreKind) async throws {
+            try await RunningProfileService.with(kind) { service async throws in
                 _ = try await service.call(CreateProfile(username: "Mina"), uid: "u1")
                 #expect(try await service.call(CheckUsername(username: "mina")).available == false)
                 _ = try await service.call(DeleteProfile(reason: .withdrawal), uid: "u1")
@@ -88,9 +89,9 @@ extension ProfileServiceTests {
             }
         }
 
-        @Test("checking a name: available, taken in another case, badly formed, and answered in NFC")
-        func checkUsername() async throws {
-            try await RunningProfileService.with { service async throws in
+        @Test("checking a name: available, taken in another case, badly formed, and answered in NFC", arguments: StoreKind.available)
+        func checkUsername(kind: StoreKind) async throws {
+            try await RunningProfileService.with(kind) { service async throws in
                 _ = try await service.call(CreateProfile(username: "Mina"), uid: "u1")
                 #expect(try await service.call(CheckUsername(username: "sora"))
                     == UsernameAvailability(username: "sora", available: true, reason: nil))

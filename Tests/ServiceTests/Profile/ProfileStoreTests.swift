@@ -3,6 +3,7 @@ import GRDB
 import Messaging
 import OnboardingAPI
 @testable import ProfileService
+import TestSupport
 import ServiceRuntime
 import Synchronization
 import Testing
@@ -10,94 +11,103 @@ import Testing
 extension ProfileServiceTests {
     @Suite("Profile store")
     struct ProfileStoreTests {
-        @Test("a person without a profile gets none, as an answer")
-        func missingProfile() async throws {
-            let store = try await makeStore()
-            #expect(try await store.fetch(uid: "u1") == nil)
+        @Test("a person without a profile gets none, as an answer", arguments: StoreKind.available)
+        func missingProfile(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                #expect(try await store.fetch(uid: "u1") == nil)
+            }
         }
 
-        @Test("a created profile is stored as entered, in NFC, with its times")
-        func create() async throws {
-            let store = try await makeStore()
-            let created = try await store.create(uid: "u1", username: "Mi\u{1100}\u{1161}", imagePath: "u1/a.png")
-            #expect(created.username == "Mi가")
-            #expect(created.imagePath == "u1/a.png")
-            #expect(created.createdAt == created.updatedAt)
-            #expect(Timestamp.parse(created.createdAt) != nil)
-            #expect(try await store.fetch(uid: "u1") == created)
+        @Test("a created profile is stored as entered, in NFC, with its times", arguments: StoreKind.available)
+        func create(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                let created = try await store.create(uid: "u1", username: "Mi\u{1100}\u{1161}", imagePath: "u1/a.png")
+                #expect(created.username == "Mi가")
+                #expect(created.imagePath == "u1/a.png")
+                #expect(created.createdAt == created.updatedAt)
+                #expect(Timestamp.parse(created.createdAt) != nil)
+                #expect(try await store.fetch(uid: "u1") == created)
+            }
         }
 
-        @Test("a name that breaks a format rule is refused with that rule")
-        func formatRefusal() async throws {
-            let store = try await makeStore()
-            let error = await refusal { _ = try await store.create(uid: "u1", username: "mi-na", imagePath: nil) }
-            #expect(error == .username(.invalidCharacters))
-            #expect(try await outboxRows(store).isEmpty)
+        @Test("a name that breaks a format rule is refused with that rule", arguments: StoreKind.available)
+        func formatRefusal(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                let error = await refusal { _ = try await store.create(uid: "u1", username: "mi-na", imagePath: nil) }
+                #expect(error == .username(.invalidCharacters))
+                #expect(try await outboxRows(store).isEmpty)
+            }
         }
 
-        @Test("Mina and mina are the same name, shown as first entered")
-        func caseInsensitiveUniqueness() async throws {
-            let store = try await makeStore()
-            _ = try await store.create(uid: "u1", username: "Mina", imagePath: nil)
-            let error = await refusal { _ = try await store.create(uid: "u2", username: "mina", imagePath: nil) }
-            #expect(error?.code == .usernameTaken)
-            #expect(error?.reason == "duplicated")
-            #expect(try await store.fetch(uid: "u1")?.username == "Mina")
-            #expect(try await store.availability(of: "MINA").reason == .duplicated)
+        @Test("Mina and mina are the same name, shown as first entered", arguments: StoreKind.available)
+        func caseInsensitiveUniqueness(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                _ = try await store.create(uid: "u1", username: "Mina", imagePath: nil)
+                let error = await refusal { _ = try await store.create(uid: "u2", username: "mina", imagePath: nil) }
+                #expect(error?.code == .usernameTaken)
+                #expect(error?.reason == "duplicated")
+                #expect(try await store.fetch(uid: "u1")?.username == "Mina")
+                #expect(try await store.availability(of: "MINA").reason == .duplicated)
+            }
         }
 
-        @Test("decomposed and composed Hangul are the same name")
-        func nfcUniqueness() async throws {
-            let store = try await makeStore()
-            _ = try await store.create(uid: "u1", username: "\u{1100}\u{1161}\u{11A8}\u{1102}\u{1161}", imagePath: nil)
-            let error = await refusal { _ = try await store.create(uid: "u2", username: "각나", imagePath: nil) }
-            #expect(error?.code == .usernameTaken)
-            let availability = try await store.availability(of: "\u{1100}\u{1161}\u{11A8}\u{1102}\u{1161}")
-            #expect(availability == UsernameAvailability(username: "각나", available: false, reason: .duplicated))
+        @Test("decomposed and composed Hangul are the same name", arguments: StoreKind.available)
+        func nfcUniqueness(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                _ = try await store.create(uid: "u1", username: "\u{1100}\u{1161}\u{11A8}\u{1102}\u{1161}", imagePath: nil)
+                let error = await refusal { _ = try await store.create(uid: "u2", username: "각나", imagePath: nil) }
+                #expect(error?.code == .usernameTaken)
+                let availability = try await store.availability(of: "\u{1100}\u{1161}\u{11A8}\u{1102}\u{1161}")
+                #expect(availability == UsernameAvailability(username: "각나", available: false, reason: .duplicated))
+            }
         }
 
-        @Test("a person has at most one profile")
-        func profileExists() async throws {
-            let store = try await makeStore()
-            _ = try await store.create(uid: "u1", username: "mina", imagePath: nil)
-            let error = await refusal { _ = try await store.create(uid: "u1", username: "other", imagePath: nil) }
-            #expect(error?.code == .profileExists)
+        @Test("a person has at most one profile", arguments: StoreKind.available)
+        func profileExists(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                _ = try await store.create(uid: "u1", username: "mina", imagePath: nil)
+                let error = await refusal { _ = try await store.create(uid: "u1", username: "other", imagePath: nil) }
+                #expect(error?.code == .profileExists)
+            }
         }
 
-        @Test("an update changes only the fields given, and may change the case of one's own name")
-        func update() async throws {
-            let store = try await makeStore()
-            let created = try await store.create(uid: "u1", username: "mina", imagePath: "u1/a.png")
-            let renamed = try await store.update(uid: "u1", username: "Mina", imagePath: nil)
-            #expect(renamed.username == "Mina")
-            #expect(renamed.imagePath == "u1/a.png")
-            #expect(renamed.createdAt == created.createdAt)
-            let reimaged = try await store.update(uid: "u1", username: nil, imagePath: "u1/b.png")
-            #expect(reimaged.username == "Mina")
-            #expect(reimaged.imagePath == "u1/b.png")
+        @Test("an update changes only the fields given, and may change the case of one's own name", arguments: StoreKind.available)
+        func update(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                let created = try await store.create(uid: "u1", username: "mina", imagePath: "u1/a.png")
+                let renamed = try await store.update(uid: "u1", username: "Mina", imagePath: nil)
+                #expect(renamed.username == "Mina")
+                #expect(renamed.imagePath == "u1/a.png")
+                #expect(renamed.createdAt == created.createdAt)
+                let reimaged = try await store.update(uid: "u1", username: nil, imagePath: "u1/b.png")
+                #expect(reimaged.username == "Mina")
+                #expect(reimaged.imagePath == "u1/b.png")
+            }
         }
 
-        @Test("an update that changes nothing records no event")
-        func noOpUpdate() async throws {
-            let store = try await makeStore()
-            let created = try await store.create(uid: "u1", username: "mina", imagePath: nil)
-            #expect(try await store.update(uid: "u1", username: nil, imagePath: nil) == created)
-            #expect(try await store.update(uid: "u1", username: "mina", imagePath: nil) == created)
-            #expect(try await outboxRows(store).map(\.type) == [ProfileCreated.type])
+        @Test("an update that changes nothing records no event", arguments: StoreKind.available)
+        func noOpUpdate(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                let created = try await store.create(uid: "u1", username: "mina", imagePath: nil)
+                #expect(try await store.update(uid: "u1", username: nil, imagePath: nil) == created)
+                #expect(try await store.update(uid: "u1", username: "mina", imagePath: nil) == created)
+                #expect(try await outboxRows(store).map(\.type) == [ProfileCreated.type])
+            }
         }
 
-        @Test("an update cannot take someone else's name or change a missing profile")
-        func updateRefusals() async throws {
-            let store = try await makeStore()
-            _ = try await store.create(uid: "u1", username: "mina", imagePath: nil)
-            _ = try await store.create(uid: "u2", username: "jun", imagePath: nil)
-            let taken = await refusal { _ = try await store.update(uid: "u2", username: "MINA", imagePath: nil) }
-            #expect(taken?.code == .usernameTaken)
-            let missing = await refusal { _ = try await store.update(uid: "u3", username: "sora", imagePath: nil) }
-            #expect(missing?.code == .profileNotFound)
-            let empty = await refusal { _ = try await store.update(uid: "u1", username: nil, imagePath: "") }
-            #expect(empty?.code == .invalidRequest)
-            #expect(try await store.fetch(uid: "u2")?.username == "jun")
+        @Test("an update cannot take someone else's name or change a missing profile", arguments: StoreKind.available)
+        func updateRefusals(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                _ = try await store.create(uid: "u1", username: "mina", imagePath: nil)
+                _ = try await store.create(uid: "u2", username: "jun", imagePath: nil)
+                let taken = await refusal { _ = try await store.update(uid: "u2", username: "MINA", imagePath: nil) }
+                #expect(taken?.code == .usernameTaken)
+                let missing = await refusal { _ = try await store.update(uid: "u3", username: "sora", imagePath: nil) }
+                #expect(missing?.code == .profileNotFound)
+                let empty = await refusal { _ = try await store.update(uid: "u1", username: nil, imagePath: "") }
+                #expect(empty?.code == .invalidRequest)
+                #expect(try await store.fetch(uid: "u2")?.username == "jun")
+            }
         }
 
         @Test("an image path must be one of the person's own images, of the shape image-upload makes", arguments: [
@@ -126,34 +136,36 @@ extension ProfileServiceTests {
             #expect(try await store.update(uid: "u1", username: nil, imagePath: path).imagePath == path)
         }
 
-        @Test("deleting a profile frees its username")
-        func deleteFreesName() async throws {
-            let store = try await makeStore()
-            _ = try await store.create(uid: "u1", username: "mina", imagePath: nil)
-            #expect(try await store.delete(uid: "u1", reason: .withdrawal))
-            #expect(try await store.fetch(uid: "u1") == nil)
-            #expect(try await store.availability(of: "Mina").available)
-            _ = try await store.create(uid: "u2", username: "Mina", imagePath: nil)
-            #expect(try await store.delete(uid: "u1", reason: .request) == false)
+        @Test("deleting a profile frees its username", arguments: StoreKind.available)
+        func deleteFreesName(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                _ = try await store.create(uid: "u1", username: "mina", imagePath: nil)
+                #expect(try await store.delete(uid: "u1", reason: .withdrawal))
+                #expect(try await store.fetch(uid: "u1") == nil)
+                #expect(try await store.availability(of: "Mina").available)
+                _ = try await store.create(uid: "u2", username: "Mina", imagePath: nil)
+                #expect(try await store.delete(uid: "u1", reason: .request) == false)
+            }
         }
 
-        @Test("every change has its event row, in order, and a refused change has none")
-        func eventsCommitWithChanges() async throws {
-            let store = try await makeStore()
-            _ = try await store.create(uid: "u1", username: "mina", imagePath: nil)
-            _ = await refusal { _ = try await store.create(uid: "u2", username: "MINA", imagePath: nil) }
-            _ = await refusal { _ = try await store.create(uid: "u1", username: "other", imagePath: nil) }
-            _ = try await store.update(uid: "u1", username: "sora", imagePath: nil)
-            _ = await refusal { _ = try await store.update(uid: "u2", username: "jun", imagePath: nil) }
-            _ = try await store.delete(uid: "u1", reason: .request)
-            _ = try await store.delete(uid: "u1", reason: .request)
-            #expect(try await outboxRows(store) == [
-                OutboxRow(sequence: 1, type: ProfileCreated.type, uid: "u1"),
-                OutboxRow(sequence: 2, type: ProfileUpdated.type, uid: "u1"),
-                OutboxRow(sequence: 3, type: ProfileDeleted.type, uid: "u1"),
-            ])
-            let rows = try await store.writer.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM profile") }
-            #expect(rows == 0)
+        @Test("every change has its event row, in order, and a refused change has none", arguments: StoreKind.available)
+        func eventsCommitWithChanges(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                _ = try await store.create(uid: "u1", username: "mina", imagePath: nil)
+                _ = await refusal { _ = try await store.create(uid: "u2", username: "MINA", imagePath: nil) }
+                _ = await refusal { _ = try await store.create(uid: "u1", username: "other", imagePath: nil) }
+                _ = try await store.update(uid: "u1", username: "sora", imagePath: nil)
+                _ = await refusal { _ = try await store.update(uid: "u2", username: "jun", imagePath: nil) }
+                _ = try await store.delete(uid: "u1", reason: .request)
+                _ = try await store.delete(uid: "u1", reason: .request)
+                #expect(try await outboxRows(store) == [
+                    OutboxRow(sequence: 1, type: ProfileCreated.type, uid: "u1"),
+                    OutboxRow(sequence: 2, type: ProfileUpdated.type, uid: "u1"),
+                    OutboxRow(sequence: 3, type: ProfileDeleted.type, uid: "u1"),
+                ])
+                #expect(try await store.fetch(uid: "u1") == nil)
+                #expect(try await store.availability(of: "sora").available)
+            }
         }
 
         @Test("the commit observer hears each change in commit order")
@@ -169,24 +181,25 @@ extension ProfileServiceTests {
             #expect(heard.withLock { $0 } == ["u1:mina@1", "u1:sora@2", "u1:deleted@3"], "a refused claim uses no sequence")
         }
 
-        @Test("every answer says how new it is, on the store's event sequence")
-        func answersCarryTheirSequence() async throws {
-            let store = try await makeStore()
-            #expect(try await store.read(uid: "u1") == ProfileResult(profile: nil, asOfSequence: 0))
-            let created = try await store.createRecorded(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "k1")
-            #expect(created.sequence == 1)
-            #expect(try await store.read(uid: "u1") == ProfileResult(profile: created.profile, asOfSequence: 1))
-            _ = try await store.create(uid: "u2", username: "sora", imagePath: nil)
-            #expect(try await store.read(uid: "u1").asOfSequence == 1, "a profile is as new as its own last change")
-            let repeated = try await store.createRecorded(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "k1")
-            #expect(repeated.sequence == 1, "a repeated create answers with the profile's own sequence")
-            let unchanged = try await store.updateRecorded(uid: "u2", username: "sora", imagePath: nil)
-            #expect(unchanged.sequence == 2)
-            let renamed = try await store.updateRecorded(uid: "u2", username: "hana", imagePath: nil)
-            #expect(renamed.sequence == 3)
-            _ = try await store.delete(uid: "u1", reason: .request)
-            #expect(try await store.read(uid: "u1") == ProfileResult(profile: nil, asOfSequence: 4),
-                "no profile is as new as everything recorded so far")
+        @Test("every answer says how new it is, on the store's event sequence", arguments: StoreKind.available)
+        func answersCarryTheirSequence(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                #expect(try await store.read(uid: "u1") == ProfileResult(profile: nil, asOfSequence: 0))
+                let created = try await store.createRecorded(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "k1")
+                #expect(created.sequence == 1)
+                #expect(try await store.read(uid: "u1") == ProfileResult(profile: created.profile, asOfSequence: 1))
+                _ = try await store.create(uid: "u2", username: "sora", imagePath: nil)
+                #expect(try await store.read(uid: "u1").asOfSequence == 1, "a profile is as new as its own last change")
+                let repeated = try await store.createRecorded(uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "k1")
+                #expect(repeated.sequence == 1, "a repeated create answers with the profile's own sequence")
+                let unchanged = try await store.updateRecorded(uid: "u2", username: "sora", imagePath: nil)
+                #expect(unchanged.sequence == 2)
+                let renamed = try await store.updateRecorded(uid: "u2", username: "hana", imagePath: nil)
+                #expect(renamed.sequence == 3)
+                _ = try await store.delete(uid: "u1", reason: .request)
+                #expect(try await store.read(uid: "u1") == ProfileResult(profile: nil, asOfSequence: 4),
+                    "no profile is as new as everything recorded so far")
+            }
         }
 
         @Test("a store that fails says so, and never answers \"no profile\"")
@@ -201,41 +214,44 @@ extension ProfileServiceTests {
             #expect(check?.code == .storeUnavailable)
         }
 
-        @Test("two people claiming one free name at once: exactly one wins", arguments: [2, 16])
-        func concurrentClaims(claimants: Int) async throws {
-            try await withTemporaryFolder { directory async throws in
-                let store = try await makeStore(writer: ProfileStore.openDatabase(path: directory.appendingPathComponent("profile.sqlite").path))
-                let results = await withTaskGroup(of: ServiceError?.self) { group in
-                    for index in 0..<claimants {
-                        group.addTask {
-                            await refusalOrNil { _ = try await store.create(uid: "u\(index)", username: index.isMultiple(of: 2) ? "Mina" : "mINA", imagePath: nil) }
+        @Test("two people claiming one free name at once: exactly one wins", arguments: StoreKind.available, [2, 16])
+        func concurrentClaims(kind: StoreKind, claimants: Int) async throws {
+            try await withProfileDatabase(kind, inMemory: false) { database async throws in
+                try await withProfileStore(of: database) { store async throws in
+                    let results = await withTaskGroup(of: ServiceError?.self) { group in
+                        for index in 0..<claimants {
+                            group.addTask {
+                                await refusalOrNil { _ = try await store.create(uid: "u\(index)", username: index.isMultiple(of: 2) ? "Mina" : "mINA", imagePath: nil) }
+                            }
                         }
+                        return await group.reduce(into: []) { $0.append($1) }
                     }
-                    return await group.reduce(into: []) { $0.append($1) }
+                    #expect(results.filter { $0 == nil }.count == 1)
+                    #expect(results.compactMap { $0?.code } == Array(repeating: .usernameTaken, count: claimants - 1))
+                    #expect(try await outboxRows(store).count == 1)
                 }
-                #expect(results.filter { $0 == nil }.count == 1)
-                #expect(results.compactMap { $0?.code } == Array(repeating: .usernameTaken, count: claimants - 1))
-                #expect(try await outboxRows(store).count == 1)
             }
         }
 
-        @Test("two store instances on one file (as two processes would be): exactly one wins")
-        func concurrentClaimsAcrossConnections() async throws {
-            try await withTemporaryFolder { directory async throws in
-                let path = directory.appendingPathComponent("profile.sqlite").path
-                let first = try await makeStore(writer: ProfileStore.openDatabase(path: path))
-                let second = try await makeStore(writer: ProfileStore.openDatabase(path: path))
-                let results = await withTaskGroup(of: ServiceError?.self) { group in
-                    for index in 0..<8 {
-                        let store = index.isMultiple(of: 2) ? first : second
-                        group.addTask {
-                            await refusalOrNil { _ = try await store.create(uid: "u\(index)", username: "sora", imagePath: nil) }
+        @Test("two stores on one database (as two processes or replicas would be): exactly one wins", arguments: StoreKind.available)
+        func concurrentClaimsAcrossConnections(kind: StoreKind) async throws {
+            try await withProfileDatabase(kind, inMemory: false) { database async throws in
+                try await withProfileStore(of: database) { first async throws in
+                    try await withProfileStore(of: database) { second async throws in
+                        let results = await withTaskGroup(of: ServiceError?.self) { group in
+                            for index in 0..<8 {
+                                let store = index.isMultiple(of: 2) ? first : second
+                                group.addTask {
+                                    await refusalOrNil { _ = try await store.create(uid: "u\(index)", username: "sora", imagePath: nil) }
+                                }
+                            }
+                            return await group.reduce(into: []) { $0.append($1) }
                         }
+                        #expect(results.filter { $0 == nil }.count == 1)
+                        #expect(results.allSatisfy { $0 == nil || $0?.code == .usernameTaken })
+                        #expect(try await outboxRows(first).map(\.sequence) == [1])
                     }
-                    return await group.reduce(into: []) { $0.append($1) }
                 }
-                #expect(results.filter { $0 == nil }.count == 1)
-                #expect(results.allSatisfy { $0 == nil || $0?.code == .usernameTaken })
             }
         }
     }

@@ -3,9 +3,11 @@ import GRDB
 import Logging
 import Messaging
 import OnboardingAPI
+import ProfilePostgres
 @testable import ProfileService
 import ServiceRuntime
 import Testing
+import TestSupport
 
 /// Every profile-service suite nests in here, so `swift test --filter ProfileService` runs them all.
 @Suite("Profile service")
@@ -40,13 +42,55 @@ func makeStore(writer: (any DatabaseWriter)? = nil, afterCommit: ProfileStore.Co
         afterCommit: afterCommit)
 }
 
-/// The events recorded in the outbox, oldest first, as (sequence, type, uid).
-func outboxRows(_ store: ProfileStore) async throws -> [OutboxRow] {
-    try await store.writer.read { db in
-        try Row.fetchAll(db, sql: "SELECT sequence, type, uid FROM outbox ORDER BY sequence").map {
-            OutboxRow(sequence: $0["sequence"], type: $0["type"], uid: $0["uid"])
+/// The events recorded in the outbox, oldest first, as (sequence, type, uid): read through
+/// `events.after`, so the same on every store.
+func outboxRows(_ store: any ProfileStorage) async throws -> [OutboxRow] {
+    try await store.events(after: 0, limit: nil).events.map { event in
+        let header = try JSONDecoder().decode(OutboxHeader.self, from: Data(event.envelope.utf8))
+        return OutboxRow(sequence: Int(event.sequence), type: header.type, uid: header.uid)
+    }
+}
+
+/// The fields of an envelope's header that ``outboxRows(_:)`` shows.
+private struct OutboxHeader: Decodable {
+    var type: String
+    var uid: String?
+}
+
+/// Runs `body` with profile's database of `kind`: SQLite in memory (or in a file of a fresh
+/// folder), or a fresh PostgreSQL schema.
+func withProfileDatabase<Result: Sendable>(
+    _ kind: StoreKind, inMemory: Bool = true, _ body: (any ProfileDatabase) async throws -> Result
+) async throws -> Result {
+    switch kind {
+    case .sqlite where inMemory:
+        return try await body(SQLiteProfileDatabase(path: nil))
+    case .sqlite:
+        return try await withTemporaryDirectory { directory in try await body(SQLiteProfileDatabase(path: "\(directory)/profile.sqlite")) }
+    case .postgres:
+        // Tests run many stores at once on a loaded machine: a small pool each, and time.
+        return try await TestPostgres.withSchema { location in
+            try await body(ProfilePostgresDatabase(location: location, maxConnections: 4, timeout: .seconds(15)))
         }
     }
+}
+
+/// Opens a store of `database` (its own cache and a publisher nobody listens to), runs `body`
+/// with it, and closes it.
+func withProfileStore<Result: Sendable>(
+    of database: any ProfileDatabase, cache: ProfileCache = ProfileCache(capacity: 100),
+    _ body: @Sendable (any ProfileStorage) async throws -> Result
+) async throws -> Result {
+    let publisher = try await InProcessBus().publisher(at: "inproc://profile-events")
+    let context = ProfileStorageContext(publisher: publisher, cache: cache, eventRetention: Outbox.Retention(), logger: quietLogger)
+    return try await database.withStorage(context, body)
+}
+
+/// Runs `body` with a fresh store of `kind`.
+func withProfileStore<Result: Sendable>(
+    _ kind: StoreKind, _ body: @Sendable (any ProfileStorage) async throws -> Result
+) async throws -> Result {
+    try await withProfileDatabase(kind) { database in try await withProfileStore(of: database, body) }
 }
 
 struct OutboxRow: Equatable, CustomStringConvertible {
@@ -78,13 +122,14 @@ struct RunningProfileService {
 
     /// Starts the service, waits until it answers `health`, runs `body`, then stops it.
     static func with<T>(
-        databasePath: String? = nil, cacheCapacity: Int = ProfileService.Configuration.defaultCacheCapacity,
+        databasePath: String? = nil, database: (any ProfileDatabase)? = nil,
+        cacheCapacity: Int = ProfileService.Configuration.defaultCacheCapacity,
         _ body: (RunningProfileService) async throws -> T
     ) async throws -> T {
         let bus = InProcessBus(source: "test-bus")
         let configuration = ProfileService.Configuration(
             rpc: "inproc://profile", events: "inproc://profile-events", authRPC: "inproc://auth",
-            databasePath: databasePath, cacheCapacity: cacheCapacity)
+            databasePath: databasePath, cacheCapacity: cacheCapacity, database: database)
         let service = try ProfileService(
             configuration: configuration, bus: bus, logger: quietLogger, sessions: StubSessions())
         let task = Task { try await service.run() }
@@ -94,6 +139,11 @@ struct RunningProfileService {
         task.cancel()
         try await task.value
         return result
+    }
+
+    /// ``with(databasePath:database:cacheCapacity:_:)`` on a fresh store of `kind`.
+    static func with<T: Sendable>(_ kind: StoreKind, _ body: (RunningProfileService) async throws -> T) async throws -> T {
+        try await withProfileDatabase(kind) { database in try await with(database: database, body) }
     }
 
     func call<Request: APIRequest>(
