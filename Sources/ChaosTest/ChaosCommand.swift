@@ -172,7 +172,8 @@ public struct ChaosCommand: AsyncParsableCommand {
             imageBytes = bytes
         }
         let token = try await Blocking.run { try? settings.serviceToken(create: false) } ?? nil
-        let postgres = try Self.authPostgres(settings)
+        let postgres = try Self.postgres(settings, schema: .authPostgresSchema)
+        let profilePostgres = try Self.postgres(settings, schema: .profilePostgresSchema)
         var seedGenerator = SystemRandomNumberGenerator()
         var configuration = ChaosConfiguration(
             people: people, concurrency: concurrency,
@@ -191,6 +192,7 @@ public struct ChaosCommand: AsyncParsableCommand {
                 authDatabase: settings.path(.authDatabase, derived: "\(dataDirectory)/auth.sqlite"),
                 authPostgres: postgres,
                 profileDatabase: settings.path(.profileDatabase, derived: "\(dataDirectory)/profile.sqlite"),
+                profilePostgres: profilePostgres,
                 imageDirectory: settings.path(.imageDir, derived: "\(dataDirectory)/images")),
             runDirectory: runDir ?? "\(dataDirectory)/run",
             serviceToken: token?.isEmpty == false ? token : nil,
@@ -200,10 +202,11 @@ public struct ChaosCommand: AsyncParsableCommand {
         return configuration
     }
 
-    /// auth's PostgreSQL database, when `postgres.url` says auth keeps its store there.
-    static func authPostgres(_ settings: Settings) throws -> PostgresLocation? {
+    /// A service's PostgreSQL database (its tables in the schema `schema` names), when
+    /// `postgres.url` says the stores are kept there.
+    static func postgres(_ settings: Settings, schema: Setting) throws -> PostgresLocation? {
         do {
-            return try PostgresLocation(settings, schema: .authPostgresSchema)
+            return try PostgresLocation(settings, schema: schema)
         } catch {
             throw ValidationError(error.description)
         }

@@ -12,15 +12,21 @@ public struct StoreLocations: Sendable, Hashable {
     public var authDatabase: String
     /// auth's PostgreSQL database, when it keeps its store there (`postgres.url`).
     public var authPostgres: PostgresLocation?
-    /// profile's SQLite file (`<data-dir>/profile.sqlite`).
+    /// profile's SQLite file (`<data-dir>/profile.sqlite`), unless ``profilePostgres`` is set.
     public var profileDatabase: String
+    /// profile's PostgreSQL database, when it keeps its store there (`postgres.url`).
+    public var profilePostgres: PostgresLocation?
     /// image-upload's root: images are `<root>/<uid>/<file>`.
     public var imageDirectory: String
 
-    public init(authDatabase: String, authPostgres: PostgresLocation? = nil, profileDatabase: String, imageDirectory: String) {
+    public init(
+        authDatabase: String, authPostgres: PostgresLocation? = nil, profileDatabase: String,
+        profilePostgres: PostgresLocation? = nil, imageDirectory: String
+    ) {
         self.authDatabase = authDatabase
         self.authPostgres = authPostgres
         self.profileDatabase = profileDatabase
+        self.profilePostgres = profilePostgres
         self.imageDirectory = imageDirectory
     }
 }
@@ -56,10 +62,16 @@ public struct StoreSnapshot: Sendable {
     public init() {}
 
     public static func subjectKey(provider: Provider, subject: String) -> String { "\(provider.rawValue)/\(subject)" }
+
+    mutating func addProfile(uid: String, username: String, key: String, imagePath: String?) {
+        profiles[uid] = StoredProfile(username: username, imagePath: imagePath)
+        usernameHolders[key] = uid
+        usernameHolders[username.lowercased()] = uid
+    }
 }
 
-/// Reads the stores directly: SQLite files opened read-only (on a thread of ``Blocking``), auth's
-/// PostgreSQL database when it is there, and the image folders.
+/// Reads the stores directly: SQLite files opened read-only (on a thread of ``Blocking``), the
+/// PostgreSQL schemas of auth and profile when they are there, and the image folders.
 enum StoreInspector {
     /// Takes a snapshot, listing the image folders of `uids`.
     static func snapshot(of locations: StoreLocations, uids: Set<String>) async throws -> StoreSnapshot {
@@ -71,17 +83,19 @@ enum StoreInspector {
                 snapshot.problems.append("auth's store at \(postgres) could not be read: \(error)")
             }
         }
+        if let postgres = locations.profilePostgres {
+            do {
+                try await readProfiles(postgres, into: &snapshot)
+            } catch {
+                snapshot.problems.append("profile's store at \(postgres) could not be read: \(error)")
+            }
+        }
         return snapshot
     }
 
     /// auth's accounts and live sessions, from its PostgreSQL schema.
     private static func readAuth(_ location: PostgresLocation, into snapshot: inout StoreSnapshot) async throws {
-        var logger = Logger(label: "onboarding-chaos.postgres")
-        logger.logLevel = .critical
-        let client = PostgresClient(configuration: location.clientConfiguration(applicationName: "onboarding-chaos"), backgroundLogger: logger)
-        let (accounts, sessions) = try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await client.run() }
-            defer { group.cancelAll() }
+        let (accounts, sessions) = try await withClient(of: location) { client, logger in
             var accounts: [(String, String, String)] = []
             for try await row in try await client.query("SELECT uid, provider, subject FROM account", logger: logger)
                 .decode((String, String, String).self)
@@ -99,21 +113,45 @@ enum StoreInspector {
         for (uid, live) in sessions { snapshot.sessions[uid] = Int(live) }
     }
 
+    /// profile's profiles, from its PostgreSQL schema.
+    private static func readProfiles(_ location: PostgresLocation, into snapshot: inout StoreSnapshot) async throws {
+        let rows = try await withClient(of: location) { client, logger in
+            var rows: [(String, String, String, String?)] = []
+            for try await row in try await client.query("SELECT uid, username, username_key, image_path FROM profile", logger: logger)
+                .decode((String, String, String, String?).self)
+            { rows.append(row) }
+            return rows
+        }
+        for (uid, username, key, imagePath) in rows { snapshot.addProfile(uid: uid, username: username, key: key, imagePath: imagePath) }
+    }
+
+    /// Runs `body` with a client of `location`'s database, open for as long as `body` runs.
+    private static func withClient<T: Sendable>(
+        of location: PostgresLocation, _ body: (PostgresClient, Logger) async throws -> T
+    ) async throws -> T {
+        var logger = Logger(label: "onboarding-chaos.postgres")
+        logger.logLevel = .critical
+        let client = PostgresClient(configuration: location.clientConfiguration(applicationName: "onboarding-chaos"), backgroundLogger: logger)
+        return try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            defer { group.cancelAll() }
+            return try await body(client, logger)
+        }
+    }
+
     private static func read(_ locations: StoreLocations, uids: Set<String>) -> StoreSnapshot {
         var snapshot = StoreSnapshot()
         if locations.authPostgres == nil { readAuth(locations.authDatabase, into: &snapshot) }
-        do {
-            let rows = try fetch(
-                locations.profileDatabase, sql: "SELECT uid, username, usernameKey, imagePath FROM profile")
-            for row in rows {
-                let uid: String = row["uid"]
-                let username: String = row["username"]
-                snapshot.profiles[uid] = StoredProfile(username: username, imagePath: row["imagePath"])
-                snapshot.usernameHolders[row["usernameKey"] as String] = uid
-                snapshot.usernameHolders[username.lowercased()] = uid
+        if locations.profilePostgres == nil {
+            do {
+                let rows = try fetch(
+                    locations.profileDatabase, sql: "SELECT uid, username, usernameKey, imagePath FROM profile")
+                for row in rows {
+                    snapshot.addProfile(uid: row["uid"], username: row["username"], key: row["usernameKey"], imagePath: row["imagePath"])
+                }
+            } catch {
+                snapshot.problems.append("profile's store \(locations.profileDatabase) could not be read: \(error)")
             }
-        } catch {
-            snapshot.problems.append("profile's store \(locations.profileDatabase) could not be read: \(error)")
         }
         let files = FileManager.default
         var isDirectory: ObjCBool = false
