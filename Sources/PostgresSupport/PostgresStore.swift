@@ -39,7 +39,12 @@ public final class PostgresStore: Sendable {
     /// Keeps the pool open until the task is cancelled.
     public func run() async {
         await client.run()
+        closed.store(true, ordering: .releasing)
     }
+
+    /// Whether ``run()`` has returned: the pool is shut and nothing will be answered again.
+    public var isClosed: Bool { closed.load(ordering: .acquiring) }
+    private let closed = Atomic<Bool>(false)
 
     /// Applies `migrator`'s missing migrations, waiting up to `patience` for the server to
     /// answer (a service and its database often start together).

@@ -279,23 +279,31 @@ final class ProfilePostgresStore: ProfileStorage {
     /// answers from an entry another has made stale; once listening again, it starts empty.
     func followChanges() async {
         var delay = Duration.milliseconds(100)
-        while !Task.isCancelled {
+        var failing = false
+        while !Task.isCancelled, !store.isClosed {
             do {
                 try await store.client.withConnection { connection in
                     try await connection.listen(on: self.channel) { notifications in
                         self.cache.isTracking = true
-                        delay = .milliseconds(100)
+                        if failing { self.logger.notice("profile hears of other replicas' changes again; caching again") }
+                        (failing, delay) = (false, .milliseconds(100))
                         for try await notification in notifications { self.apply(notification.payload) }
                     }
                 }
             } catch {
-                if !Task.isCancelled {
-                    logger.warning("profile cannot hear of other replicas' changes (\(error)); not caching until it can")
+                cache.isTracking = false
+                try? await Task.sleep(for: delay)
+                // A pool shut at the end of the run is no outage.
+                guard !Task.isCancelled, !store.isClosed else { return }
+                if !failing {
+                    logger.warning(
+                        "profile cannot hear of other replicas' changes (\(String(reflecting: error))); not caching until it can")
                 }
+                failing = true
+                delay = min(delay * 2, .seconds(5))
+                continue
             }
             cache.isTracking = false
-            try? await Task.sleep(for: delay)
-            delay = min(delay * 2, .seconds(5))
         }
     }
 
