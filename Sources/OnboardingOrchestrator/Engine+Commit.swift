@@ -6,17 +6,59 @@ import ServiceRuntime
 /// One transaction per batch: the machine's decisions, the people and cursors they change and the
 /// intents they emit; after a rollback, and at start-up, the machine is rebuilt from the store.
 extension Engine {
-    /// Applies `batch` to the machine and stores the outcome in one transaction, then carries
-    /// out the actions. On failure everyone waiting on the batch is told, and the error rethrown.
-    /// Called on the bus's thread.
-    func commitNow(_ batch: [Submission]) throws {
+    /// SQLite: applies `batch` to the machine and stores the outcome in one transaction, then
+    /// carries out the actions. On failure everyone waiting on the batch is told, and the error
+    /// rethrown. Called on the bus's thread.
+    func commitNow(_ batch: [Submission], in sqlite: SQLiteOrchestratorStorage) throws {
         do {
-            let actions = try database.writeTransaction { [self] db in
-                try machine.withLock { machine in try apply(batch, to: &machine, in: db) }
+            committed(batch, try decide(batch, in: sqlite))
+        } catch {
+            try failed(batch, error)
+        }
+    }
+
+    /// SQLite: applies `batch` to the machine and stores the outcome in one transaction.
+    /// - Returns: the actions to carry out now that it has committed.
+    func decide(_ batch: [Submission], in sqlite: SQLiteOrchestratorStorage) throws -> [OnboardingStateMachine.Action] {
+        try sqlite.database.writeTransaction { [self] db in
+            observeCommit(of: db)
+            var decisions = SQLiteDecisions(
+                db: db, outbox: sqlite.outbox,
+                largestStored: try largestStoredUID.value(in: db) ?? OrchestratorStore.largestUID(in: db))
+            let actions = try machine.withLock { machine in try apply(batch, to: &machine, in: &decisions) }
+            largestAfterCommit.withLock { $0 = decisions.largestStored }
+            return actions
+        }
+    }
+
+    /// A shared store: reads what `batch` needs, applies it to the machine and stores the outcome
+    /// in one transaction off the bus's thread, then carries out the actions. On failure everyone
+    /// waiting on the batch is told; the next batch starts the machine again from the store.
+    func commit(_ batch: [Submission], in store: any BufferedDecisionStore) async {
+        let unknown = machine.withLock { machine in
+            var uids: Set<String> = []
+            for submission in batch {
+                for input in submission.inputs where !machine.isTracking(input.uid) { uids.insert(input.uid) }
+            }
+            return Array(uids)
+        }
+        let restarting = stale.load(ordering: .acquiring)
+        do {
+            let actions = try await store.commit(reading: unknown, restarting: restarting) { [self] buffer in
+                do {
+                    return try machine.withLock { machine in try apply(batch, to: &machine, in: &buffer) }
+                } catch {
+                    // The machine may have moved on before the failure: it starts again from the store.
+                    stale.store(true, ordering: .releasing)
+                    throw error
+                }
             }
             committed(batch, actions)
         } catch {
-            try failed(batch, error)
+            // Whatever failed after the machine moved on (the writes, the commit) leaves it ahead
+            // of the store.
+            stale.store(true, ordering: .releasing)
+            try? failed(batch, error)
         }
     }
 
@@ -42,11 +84,10 @@ extension Engine {
         throw error
     }
 
-    func apply(
-        _ batch: [Submission], to machine: inout OnboardingStateMachine, in db: Database
-    ) throws -> [OnboardingStateMachine.Action] {
-        var later: [OnboardingStateMachine.Action] = []
-        // Registered first, so that a rollback anywhere below (the rebuild included) is noticed.
+    /// SQLite: after `db`'s transaction, keeps the largest stored uid it committed; after a
+    /// rollback, marks the machine stale. Registered first, so that a rollback anywhere in the
+    /// transaction (the rebuild included) is noticed.
+    private func observeCommit(of db: Database) {
         db.afterNextTransaction(
             onCommit: { [self] db in
                 if let largest = largestAfterCommit.withLock({ $0.take() }) {
@@ -60,6 +101,15 @@ extension Engine {
                 largestAfterCommit.withLock { $0 = nil }
                 largestStoredUID.forget()
             })
+    }
+
+    /// Feeds `batch` to the machine inside `transaction`, which stores the people it changed, the
+    /// feeds' cursors and the route intents it emitted. Returns the actions to carry out once it
+    /// has committed.
+    func apply<Transaction: DecisionTransaction>(
+        _ batch: [Submission], to machine: inout OnboardingStateMachine, in transaction: inout Transaction
+    ) throws -> [OnboardingStateMachine.Action] {
+        var later: [OnboardingStateMachine.Action] = []
         if stale.exchange(false, ordering: .acquiringAndReleasing) {
             // An earlier transaction rolled back after changing the machine: memory ran ahead of
             // the store. Start again from what is stored, and resume the work under way. The
@@ -71,7 +121,7 @@ extension Engine {
             let failure = ServiceError(.storeUnavailable, "The orchestrator could not store a decision; try again.")
             for answer in waiting { answer(.failure(failure)) }
             machine.reset()
-            for (uid, person) in try OrchestratorStore.peopleWithWork(in: db) {
+            for (uid, person) in try transaction.peopleWithWork() {
                 later += machine.restore(uid: uid, person)
             }
         }
@@ -79,7 +129,6 @@ extension Engine {
         // the batch: the last intent emitted for a person goes in with its row.
         var emitted: [String: OrchestratorStore.PublishedIntent] = [:]
         var cursors: [String: UInt64] = [:]
-        var largestStored = try largestStoredUID.value(in: db) ?? OrchestratorStore.largestUID(in: db)
         for submission in batch {
             var inputs = submission.inputs
             var profiles = submission.profiles
@@ -87,15 +136,13 @@ extension Engine {
             while next < inputs.count {
                 let input = inputs[next]
                 next += 1
-                if !machine.isTracking(input.uid), !Self.isAbove(input.uid, largestStored),
-                    let stored = try OrchestratorStore.person(input.uid, in: db)
-                {
+                if !machine.isTracking(input.uid), let stored = try transaction.storedPerson(input.uid) {
                     later += machine.restore(uid: input.uid, stored)
                 }
                 for action in machine.handle(input) {
                     switch action {
                     case .emit(let intent):
-                        emitted[intent.uid] = try emit(intent, in: db)
+                        emitted[intent.uid] = try emit(intent, in: &transaction)
                     case .checkProfile(let uid, let check) where profiles[uid] != nil:
                         // Answered ahead (see `Submission.profiles`): decided in this transaction.
                         let found = profiles.removeValue(forKey: uid)!
@@ -108,18 +155,22 @@ extension Engine {
             if let (publisher, sequence) = submission.cursor { cursors[publisher] = sequence }
         }
         for (publisher, sequence) in cursors {
-            try OrchestratorStore.setCursor(publisher, to: sequence, in: db)
+            try transaction.setCursor(publisher, to: sequence)
         }
         for (uid, person) in machine.takeChanges() {
-            try OrchestratorStore.save(uid, person, published: emitted.removeValue(forKey: uid), in: db)
-            if Self.isAbove(uid, largestStored) { largestStored = uid }
+            var published = emitted.removeValue(forKey: uid)
+            if let emitted = published, emitted.intent.intentId != person.intent?.intentId {
+                // Emitted, then replaced or withdrawn within the transaction: recorded as it was,
+                // then the row says what is in force now.
+                try transaction.recordIntent(emitted)
+                published = nil
+            }
+            try transaction.save(uid, person, published: published)
         }
         // An intent emitted again without a change of state (a repeat for a new session).
         for published in emitted.values {
-            try OrchestratorStore.recordIntent(published, in: db)
-            if Self.isAbove(published.intent.uid, largestStored) { largestStored = published.intent.uid }
+            try transaction.recordIntent(published)
         }
-        largestAfterCommit.withLock { $0 = largestStored }
         return later
     }
 
@@ -130,20 +181,19 @@ extension Engine {
 
     /// Puts a route intent in the route outbox, which publishes it once the transaction
     /// commits; the caller records it as the person's intent in force.
-    func emit(_ intent: RouteIntent, in db: Database) throws -> OrchestratorStore.PublishedIntent {
-        let time = Timestamp.now()
-        let sequence = try outbox.append(intent, uid: intent.uid, topic: Topics.route(uid: intent.uid), time: time, in: db)
+    private func emit<Transaction: DecisionTransaction>(
+        _ intent: RouteIntent, in transaction: inout Transaction
+    ) throws -> OrchestratorStore.PublishedIntent {
+        let published = try transaction.emit(intent, time: Timestamp.now())
         logger.debug("\(intent.intent.rawValue) → \(intent.uid) (\(intent.reason.rawValue), \(intent.intentId))")
-        return OrchestratorStore.PublishedIntent(intent: intent, sequence: sequence, time: time)
+        return published
     }
 
     /// Puts back everyone with work under way (checks, clean-ups) and resumes it.
     func resumeUnfinishedWork() async throws {
-        let actions = try await withStore(database, logger: logger) { [self] db in
-            let people = try OrchestratorStore.peopleWithWork(in: db)
-            return machine.withLock { machine in
-                people.flatMap { uid, person in machine.restore(uid: uid, person) }
-            }
+        let people = try await storage.peopleWithWork()
+        let actions = machine.withLock { machine in
+            people.flatMap { uid, person in machine.restore(uid: uid, person) }
         }
         if !actions.isEmpty { logger.info("resuming \(actions.count) unfinished check(s) and clean-up step(s)") }
         for action in actions { perform(action) }

@@ -23,10 +23,12 @@ extension Engine {
         }
     }
 
-    /// The hot path's ``EventFeed`` handler, on the bus's own thread: live events that follow
-    /// the cursor commit with it at once, and their intents are published after the commit.
-    func handleOnLoop(_ events: [Message], from publisher: String, through sequence: UInt64) throws {
-        try commitNow([Submission(inputs: inputs(from: events), cursor: (publisher, sequence))])
+    /// The hot path's ``EventFeed`` handler on SQLite, on the bus's own thread: live events that
+    /// follow the cursor commit with it at once, and their intents are published after the commit.
+    func handleOnLoop(_ events: [Message], from publisher: String, through sequence: UInt64, in sqlite: SQLiteOrchestratorStorage)
+        throws
+    {
+        try commitNow([Submission(inputs: inputs(from: events), cursor: (publisher, sequence))], in: sqlite)
     }
 
     private func inputs(from events: [Message]) -> [OnboardingStateMachine.Input] {

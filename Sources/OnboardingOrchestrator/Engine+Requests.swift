@@ -13,28 +13,36 @@ extension Engine {
     func dispatcher(sessions: any SessionVerifier) -> RequestDispatcher {
         var dispatcher = RequestDispatcher(
             source: source, sessions: sessions, serviceToken: configuration.serviceToken, logger: logger)
-        // "Check me now" on the bus's thread (see `checkOnLoop`): it verifies the session itself,
-        // while profile is asked at the same time.
-        dispatcher.onLoop(CheckOnboarding.self, access: .open, database: database, writes: false, replyUID: { $0.uid }) {
-            [self] _, context, _, reply in
-            try checkOnLoop(context.message.header, sessions: sessions, reply: reply)
-            return nil
+        switch commits {
+        case .onLoop(let sqlite):
+            // "Check me now" on the bus's thread (see `checkOnLoop`): it verifies the session
+            // itself, while profile is asked at the same time.
+            dispatcher.onLoop(CheckOnboarding.self, access: .open, database: sqlite.database, writes: false, replyUID: { $0.uid }) {
+                [self] _, context, _, reply in
+                try checkOnLoop(context.message.header, sessions: sessions, reply: reply)
+                return nil
+            }
+            dispatcher.onEventsAfter(database: sqlite.database)
+        case .buffered:
+            dispatcher.on(CheckOnboarding.self, access: .session, replyUID: { $0.uid }) { [self] _, context in
+                try await check(uid: try context.requireUID())
+            }
+            dispatcher.on(EventsAfter.self, access: .serviceWithoutUID) { [self] request, _ in
+                try await storage.events(after: request.sequence, limit: request.limit)
+            }
         }
         dispatcher.on(SetUpProfile.self, access: .session, attachment: .optional) { [self] request, context in
             try await setUp(request, uid: try context.requireUID(), image: context.attachment, correlationId: context.message.header.id)
         }
         dispatcher.on(CurrentIntent.self, access: .sessionOrService) { [self] _, context in
             let uid = try context.requireUID()
-            return try await withStore(database, write: false, logger: logger) { try OrchestratorStore.routeState(of: uid, in: $0) }
+            return try await storage.routeState(of: uid)
         }
         dispatcher.on(ListRouteStates.self, access: .serviceWithoutUID) { [self] request, _ in
             let limit = min(request.limit ?? ListRouteStates.maximumLimit, ListRouteStates.maximumLimit)
             guard limit >= 1 else { throw ServiceError(.invalidRequest, "limit must be at least 1.") }
-            return try await withStore(database, write: false, logger: logger) {
-                try OrchestratorStore.routeStates(after: request.afterUID, limit: limit, in: $0)
-            }
+            return try await storage.routeStates(after: request.afterUID, limit: limit)
         }
-        dispatcher.onEventsAfter(database: database)
         return dispatcher
     }
 
@@ -60,6 +68,16 @@ extension Engine {
             ) { [self] result in
                 if let ready = join.profiled(result) { startCheck(ready, hint: hint, reply: reply) }
             }
+        }
+    }
+
+    /// "Check me now" for `uid`, whose session the dispatcher verified: answered once the check's
+    /// outcome has committed (the machine asks profile).
+    private func check(uid: String) async throws -> OnboardingStatus {
+        try await withCheckedThrowingContinuation { continuation in
+            let waiter = nextWaiter.wrappingAdd(1, ordering: .relaxed).newValue
+            waiters.withLock { $0[waiter] = { continuation.resume(with: $0) } }
+            enqueue(Submission(inputs: [.checkRequested(uid: uid, waiter: waiter)]))
         }
     }
 

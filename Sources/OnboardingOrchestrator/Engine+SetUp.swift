@@ -25,7 +25,7 @@ extension Engine {
         }
         defer { releaseSetUp(uid) }
         let record = OrchestratorStore.Setup(uid: uid, idempotencyKey: key, username: saga.username)
-        try await withStore(database, logger: logger) { try OrchestratorStore.beginSetup(record, in: $0) }
+        try await storage.beginSetup(record)
         var service = ServiceName.profile
         var strayImagesLeft = false
         /// How new the profile store's last answer about the profile was.
@@ -97,9 +97,7 @@ extension Engine {
 
     private func endSetUp(_ record: OrchestratorStore.Setup) async {
         do {
-            try await withStore(database, logger: logger) {
-                try OrchestratorStore.endSetup(uid: record.uid, idempotencyKey: record.idempotencyKey, in: $0)
-            }
+            try await storage.endSetup(uid: record.uid, idempotencyKey: record.idempotencyKey)
         } catch {
             logger.warning("could not close the record of \(record.uid)'s set-up: \(error); it is settled again later")
         }
@@ -113,7 +111,7 @@ extension Engine {
     /// and stray images are removed); no profile means every image of the person is removed.
     func settleSetUps(every interval: Duration = .seconds(2)) async {
         repeat {
-            let unfinished = (try? await withStore(database, write: false, logger: logger) { try OrchestratorStore.unfinishedSetups(in: $0) }) ?? []
+            let unfinished = (try? await storage.unfinishedSetups()) ?? []
             for record in unfinished where claimSetUp(record.uid) {
                 defer { releaseSetUp(record.uid) }
                 do {

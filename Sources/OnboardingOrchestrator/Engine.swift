@@ -7,13 +7,15 @@ import Synchronization
 
 /// Carries out the state machine's decisions and keeps them.
 ///
-/// **One way in: decisions commit on the bus's own thread, in batches.** Live events (from
-/// ``EventFeed``), "check me now" requests and profile-check answers arrive there already;
-/// everything else (events the feed fetched, timers, clean-up and set-up outcomes) is queued and
-/// handed to that thread with ``MessageBus/perform(onLoop:)``, which takes whatever has queued up
-/// at once. Each batch is fed to the machine inside one write transaction, which also stores the
-/// people it changed, the feeds' cursors and the route intents it emitted (in the route outbox,
-/// which publishes them after the commit). Under load one commit carries many decisions.
+/// **One way in: decisions commit in batches, one at a time.** On SQLite they commit on the bus's
+/// own thread: live events (from ``EventFeed``), "check me now" requests and profile-check
+/// answers arrive there already; everything else (events the feed fetched, timers, clean-up and
+/// set-up outcomes) is queued and handed to that thread with ``MessageBus/perform(onLoop:)``,
+/// which takes whatever has queued up at once. On a shared store (PostgreSQL) one task commits
+/// whatever has queued while the previous transaction ran. Each batch is fed to the machine
+/// inside one write transaction, which also stores the people it changed, the feeds' cursors and
+/// the route intents it emitted (in the route outbox, which publishes them after the commit).
+/// Under load one commit carries many decisions.
 ///
 /// The machine lives behind a mutex that only these write transactions take. When a
 /// transaction rolls back, the next one first rebuilds the machine from the store, so memory
@@ -21,8 +23,9 @@ import Synchronization
 final class Engine: Sendable {
     let configuration: OnboardingOrchestrator.Configuration
     let bus: any MessageBus
-    let database: any DatabaseWriter
-    let outbox: Outbox
+    let storage: any OrchestratorStorage
+    /// How decisions are written: SQLite's store on the bus's thread, or a shared one off it.
+    let commits: Commits
     let logger: Logger
     let work: AsyncStream<Work>.Continuation
     let machine: Mutex<OnboardingStateMachine>
@@ -37,7 +40,8 @@ final class Engine: Sendable {
     /// `apply`, kept by its commit (one transaction observer for both this and `stale`: GRDB
     /// rebuilds its statement caches for every observer added).
     let largestAfterCommit = Mutex<String?>(nil)
-    /// Inputs waiting for the bus's thread, and whether a job to commit them is on its way there.
+    /// Inputs waiting to commit, whether a job to commit them is on its way, and whether inputs
+    /// are still taken.
     private let inbox = Mutex<(submissions: [Submission], scheduled: Bool, closed: Bool)>(([], false, false))
     /// Who is told the outcome of each "check me now" under way.
     let waiters = Mutex<[OnboardingStateMachine.WaiterID: @Sendable (Result<OnboardingStatus, ServiceError>) -> Void]>([:])
@@ -46,12 +50,26 @@ final class Engine: Sendable {
     let settingUp = Mutex<Set<String>>([])
     let source = ServiceName.orchestrator
 
-    init(configuration: OnboardingOrchestrator.Configuration, bus: any MessageBus, database: any DatabaseWriter,
-         outbox: Outbox, logger: Logger, work: AsyncStream<Work>.Continuation) {
+    /// The task committing queued batches to a shared store, while it runs.
+    private let committing = Mutex<Task<Void, Never>?>(nil)
+
+    enum Commits: Sendable {
+        case onLoop(SQLiteOrchestratorStorage)
+        case buffered(any BufferedDecisionStore)
+    }
+
+    init(configuration: OnboardingOrchestrator.Configuration, bus: any MessageBus, storage: any OrchestratorStorage,
+         logger: Logger, work: AsyncStream<Work>.Continuation) throws {
         self.configuration = configuration
         self.bus = bus
-        self.database = database
-        self.outbox = outbox
+        self.storage = storage
+        if let sqlite = storage as? SQLiteOrchestratorStorage {
+            commits = .onLoop(sqlite)
+        } else if let buffered = storage as? any BufferedDecisionStore {
+            commits = .buffered(buffered)
+        } else {
+            throw ServiceError(.internalError, "The orchestrator cannot write decisions to \(type(of: storage)).")
+        }
         self.logger = logger
         self.work = work
         self.machine = Mutex(OnboardingStateMachine(retryPolicy: configuration.retryPolicy))
@@ -83,7 +101,7 @@ final class Engine: Sendable {
         }
     }
 
-    /// Queues `submission` for the bus's thread; one job there commits everything queued.
+    /// Queues `submission`; one job commits everything queued (on SQLite, on the bus's thread).
     func enqueue(_ submission: Submission) {
         let (accepted, schedule) = inbox.withLock { inbox -> (Bool, Bool) in
             guard !inbox.closed else { return (false, false) }
@@ -95,9 +113,15 @@ final class Engine: Sendable {
             refuse(submission)
             return
         }
-        if schedule, !bus.perform(onLoop: { [self] in commitQueued() }) {
-            // The bus has shut down: nothing queued can commit any more.
-            for refused in takeQueued() { refuse(refused) }
+        guard schedule else { return }
+        switch commits {
+        case .onLoop(let sqlite):
+            if !bus.perform(onLoop: { [self] in commitQueued(in: sqlite) }) {
+                // The bus has shut down: nothing queued can commit any more.
+                for refused in takeQueued() { refuse(refused) }
+            }
+        case .buffered(let store):
+            committing.withLock { $0 = Task { await commitQueued(in: store) } }
         }
     }
 
@@ -111,9 +135,22 @@ final class Engine: Sendable {
     }
 
     /// On the bus's thread: commits everything queued, in one transaction.
-    private func commitQueued() {
+    private func commitQueued(in sqlite: SQLiteOrchestratorStorage) {
         let batch = takeQueued()
-        if !batch.isEmpty { try? commitNow(batch) }
+        if !batch.isEmpty { try? commitNow(batch, in: sqlite) }
+    }
+
+    /// Commits what is queued, a transaction at a time, until nothing is.
+    private func commitQueued(in store: any BufferedDecisionStore) async {
+        while true {
+            let batch = inbox.withLock { inbox -> [Submission] in
+                defer { inbox.submissions = [] }
+                if inbox.submissions.isEmpty { inbox.scheduled = false }
+                return inbox.submissions
+            }
+            if batch.isEmpty { return }
+            await commit(batch, in: store)
+        }
     }
 
     private func takeQueued() -> [Submission] {
@@ -137,14 +174,19 @@ final class Engine: Sendable {
         for answer in waiting { answer(.failure(Self.stopping)) }
     }
 
-    /// Returns once what was queued for the bus's thread before this call has been carried out
-    /// there (jobs run in turn), or at once when the bus takes no more jobs (it is shutting down:
-    /// on a graceful stop the bus stops after the services, so only a cancelled one gets here
-    /// early). Call it after ``stopTakingInputs()``, before the database closes.
+    /// Returns once what was queued before this call has been carried out (on SQLite, the jobs
+    /// queued for the bus's thread run in turn), or at once when the bus takes no more jobs (it is
+    /// shutting down: on a graceful stop the bus stops after the services, so only a cancelled
+    /// one gets here early). Call it after ``stopTakingInputs()``, before the database closes.
     func finishQueued() async {
-        let bus = self.bus
-        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
-            if !bus.perform(onLoop: { done.resume() }) { done.resume() }
+        switch commits {
+        case .onLoop:
+            let bus = self.bus
+            await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+                if !bus.perform(onLoop: { done.resume() }) { done.resume() }
+            }
+        case .buffered:
+            await committing.withLock { $0 }?.value
         }
     }
 }

@@ -11,7 +11,7 @@ import ServiceRuntime
 /// after withdrawals.
 ///
 /// Decisions are made by ``OnboardingStateMachine`` and ``ProfileSetupSaga``; ``Engine`` carries
-/// them out and keeps them in SQLite, so nothing is lost to a crash: events are followed with
+/// them out and keeps them in its store (SQLite, or PostgreSQL), so nothing is lost to a crash: events are followed with
 /// ``EventFeed`` from the last one handled, every decision commits with the cursor of the event
 /// that caused it, and unfinished checks, clean-ups and set-ups resume on start.
 /// Run it with ``run()`` (in a `ServiceGroup`, or a task in tests).
@@ -26,8 +26,12 @@ public struct OnboardingOrchestrator: Service {
         public var profileRPC: Endpoint
         public var profileEvents: Endpoint
         public var imageRPC: Endpoint
-        /// The orchestrator's SQLite database; `nil` keeps it in memory (tests).
+        /// The orchestrator's SQLite database; `nil` keeps it in memory (tests). Unused when
+        /// ``database`` is set.
         public var databasePath: String?
+        /// Another database than SQLite (PostgreSQL: `OrchestratorPostgresDatabase`, in the
+        /// `OrchestratorPostgres` module); `nil`: the SQLite file at ``databasePath``.
+        public var database: (any OrchestratorDatabase)?
         /// The largest image accepted with a set-up request.
         public var maxImageBytes: Int
         /// How long one call to another service may take.
@@ -52,7 +56,8 @@ public struct OnboardingOrchestrator: Service {
             callTimeout: Duration = .seconds(2),
             retryPolicy: RetryPolicy = RetryPolicy(),
             retention: Outbox.Retention = Outbox.Retention(),
-            serviceToken: String? = nil
+            serviceToken: String? = nil,
+            database: (any OrchestratorDatabase)? = nil
         ) {
             self.rpc = rpc
             self.routes = routes
@@ -67,48 +72,46 @@ public struct OnboardingOrchestrator: Service {
             self.retryPolicy = retryPolicy
             self.retention = retention
             self.serviceToken = serviceToken
+            self.database = database
         }
+
+        /// Where the store is kept: ``database``, or the SQLite file at ``databasePath``.
+        public var storeDatabase: any OrchestratorDatabase { database ?? SQLiteOrchestratorDatabase(path: databasePath) }
     }
 
     public let configuration: Configuration
     private let bus: any MessageBus
     private let logger: Logger
     private let sessions: any SessionVerifier
-    private let database: any DatabaseWriter
 
-    /// Opens (creating if needed) the database.
-    ///
     /// - Parameter sessions: verifies session tokens; by default asks auth.
-    /// - Throws: ``ServiceError`` `storeUnavailable` when the database cannot be opened.
     public init(configuration: Configuration, bus: any MessageBus, logger: Logger, sessions: (any SessionVerifier)? = nil) throws {
         self.configuration = configuration
         self.bus = bus
         self.logger = logger
         self.sessions = sessions ?? RemoteSessionVerifier(
             bus: bus, authEndpoint: configuration.authRPC, source: ServiceName.orchestrator)
-        self.database = try OrchestratorStore.openDatabase(path: configuration.databasePath)
     }
 
-    /// Answers requests and follows events until graceful shutdown or cancellation, then closes
-    /// the database: run an orchestrator once.
+    /// Opens and migrates the store (``Configuration/storeDatabase``), answers requests and
+    /// follows events until graceful shutdown or cancellation, then closes the store: run an
+    /// orchestrator once.
+    ///
+    /// - Throws: ``ServiceError`` `storeUnavailable` when the store cannot be opened, or the bus's
+    ///   errors when an endpoint cannot be bound.
     public func run() async throws {
-        try await ServiceDatabase.closing(database, logger: logger) {
-            try await withCheckpoints(path: configuration.databasePath, writer: database, logger: logger) {
-                try await withEventRetention(configuration.retention, database: database, logger: logger) {
-                    try await serve()
-                }
-            }
-        }
-    }
-
-    private func serve() async throws {
         let publisher = try await bus.publisher(at: configuration.routes)
         defer { publisher.close() }
-        let outbox = Outbox(source: ServiceName.orchestrator, publisher: publisher)
+        let database = configuration.storeDatabase
+        logger.info("the orchestrator keeps its store in \(database)")
+        let context = OrchestratorStorageContext(publisher: publisher, retention: configuration.retention, logger: logger)
+        try await database.withStorage(context) { storage in try await serve(storage) }
+    }
+
+    private func serve(_ storage: any OrchestratorStorage) async throws {
         let (work, workQueue) = AsyncStream.makeStream(of: Work.self)
-        let engine = Engine(
-            configuration: configuration, bus: bus, database: database, outbox: outbox, logger: logger, work: workQueue)
-        let cursors = try await withStore(database, write: false, logger: logger) { try OrchestratorStore.cursors(in: $0) }
+        let engine = try Engine(configuration: configuration, bus: bus, storage: storage, logger: logger, work: workQueue)
+        let cursors = try await storage.cursors()
         let feeds = [
             (ServiceName.auth, EventFeed(
                 bus: bus, events: configuration.authEvents, replay: configuration.authRPC, topics: ["auth."],
@@ -143,11 +146,13 @@ public struct OnboardingOrchestrator: Service {
                 group.addTask { await Self.perform(work, atMost: Self.maximumConcurrentWork) }
                 try await engine.resumeUnfinishedWork()
                 for (name, feed) in feeds {
-                    group.addTask {
-                        await feed.run(
-                            after: cursors[name] ?? 0, reader: Engine.eventReader,
-                            onLoop: { events, through in try engine.handleOnLoop(events, from: name, through: through) }
-                        ) { events, through in
+                    // On SQLite, live events commit on the bus's thread as they arrive.
+                    var onLoop: EventFeed.LoopHandler?
+                    if case .onLoop(let sqlite) = engine.commits {
+                        onLoop = { events, through in try engine.handleOnLoop(events, from: name, through: through, in: sqlite) }
+                    }
+                    group.addTask { [onLoop] in
+                        await feed.run(after: cursors[name] ?? 0, reader: Engine.eventReader, onLoop: onLoop) { events, through in
                             try await engine.handle(events, from: name, through: through)
                         }
                     }

@@ -15,7 +15,7 @@ import ServiceRuntime
 /// - `setup`: set-ups under way, so one that a crash interrupts is finished or undone on restart.
 ///
 /// Every function here runs inside a transaction the caller opened.
-enum OrchestratorStore {
+package enum OrchestratorStore {
     static func migrator() -> DatabaseMigrator {
         var migrator = DatabaseMigrator()
         Outbox.registerMigration(in: &migrator)
@@ -111,12 +111,12 @@ enum OrchestratorStore {
     /// On the hot path: read for every input about someone the machine is not tracking.
     static func person(_ uid: String, in db: Database) throws -> OnboardingStateMachine.PersistedPerson? {
         try db.fetchOneHot("SELECT \(personColumns) FROM person WHERE uid = ?", { $0.bind(uid) }) { row in
-            persisted(
-                PersonColumns(
-                    uid: row.string(0), profile: row.string(1), profileAsOf: row.int64(2), sessions: Int(row.int64(3)),
-                    owesDismiss: row.bool(4), pendingCheck: row.optionalString(5), withdrawn: row.bool(6),
-                    cleanup: row.string(7), intentId: row.optionalString(8), intent: row.optionalString(9),
-                    reason: row.optionalString(10)))
+            PersonRow(
+                uid: row.string(0), profile: row.string(1), profileAsOf: row.int64(2), sessions: Int(row.int64(3)),
+                owesDismiss: row.bool(4), pendingCheck: row.optionalString(5), withdrawn: row.bool(6),
+                cleanup: row.string(7), intentId: row.optionalString(8), intent: row.optionalString(9),
+                reason: row.optionalString(10)
+            ).persisted
         }
     }
 
@@ -130,84 +130,46 @@ enum OrchestratorStore {
         try Row.fetchAll(
             db, sql: "SELECT \(personColumns) FROM person WHERE pendingCheck IS NOT NULL OR cleanup != ''"
         ).map { row in
-            let columns = PersonColumns(
+            let columns = PersonRow(
                 uid: row["uid"], profile: row["profile"], profileAsOf: row["profileAsOf"], sessions: row["sessions"],
                 owesDismiss: row["owesDismiss"], pendingCheck: row["pendingCheck"], withdrawn: row["withdrawn"],
                 cleanup: row["cleanup"], intentId: row["intentId"], intent: row["intent"], reason: row["reason"])
-            return (columns.uid, persisted(columns))
+            return (columns.uid, columns.persisted)
         }
-    }
-
-    /// A person's row as stored, in ``personColumns``' order.
-    private struct PersonColumns {
-        var uid: String
-        var profile: String
-        var profileAsOf: Int64
-        var sessions: Int
-        var owesDismiss: Bool
-        var pendingCheck: String?
-        var withdrawn: Bool
-        var cleanup: String
-        var intentId: String?
-        var intent: String?
-        var reason: String?
-    }
-
-    private static func persisted(_ row: PersonColumns) -> OnboardingStateMachine.PersistedPerson {
-        let profile: OnboardingStateMachine.ProfileKnowledge =
-            switch row.profile {
-            case "present": .present
-            case "absent": .absent
-            default: .unknown
-            }
-        let cleanup = row.cleanup.split(separator: ",").compactMap { OnboardingStateMachine.CleanupStep(rawValue: String($0)) }
-        return .init(
-            profile: profile, profileAsOf: UInt64(clamping: row.profileAsOf), sessions: row.sessions,
-            intent: intent(uid: row.uid, id: row.intentId, kind: row.intent, reason: row.reason),
-            owesDismiss: row.owesDismiss,
-            pendingCheck: row.pendingCheck.flatMap(RouteIntent.Reason.init(rawValue:)),
-            withdrawn: row.withdrawn, cleanup: Set(cleanup))
     }
 
     /// A route intent put in the outbox in this transaction: its route sequence and time.
-    struct PublishedIntent {
-        var intent: RouteIntent
-        var sequence: UInt64
-        var time: String
+    package struct PublishedIntent: Sendable, Hashable {
+        package var intent: RouteIntent
+        package var sequence: UInt64
+        package var time: String
+
+        package init(intent: RouteIntent, sequence: UInt64, time: String) {
+            self.intent = intent
+            self.sequence = sequence
+            self.time = time
+        }
     }
 
-    /// Writes `person`'s row. `published`: the intent emitted for them in this transaction, if
-    /// any; when it is the one in force, its route sequence and time go in with the row (one
-    /// write per person per transaction).
+    /// Writes `person`'s row. `published`: the intent in force for them, emitted in this
+    /// transaction; its route sequence and time go in with the row (one write per person per
+    /// transaction).
     static func save(
         _ uid: String, _ person: OnboardingStateMachine.PersistedPerson, published: PublishedIntent? = nil, in db: Database
     ) throws {
-        let profile: String =
-            switch person.profile {
-            case .present: "present"
-            case .absent: "absent"
-            case .unknown: "unknown"
-            }
-        let cleanup = OnboardingStateMachine.CleanupStep.allCases.filter(person.cleanup.contains).map(\.rawValue).joined(separator: ",")
-        var published = published
-        if let emitted = published, emitted.intent.intentId != person.intent?.intentId {
-            // Emitted, then replaced or withdrawn within the transaction: recorded as it was,
-            // then the row below says what is in force now.
-            try recordIntent(emitted, in: db)
-            published = nil
-        }
+        let row = PersonRow(uid: uid, person)
         func bindPerson(_ arguments: inout HotArguments) {
-            arguments.bind(uid)
-            arguments.bind(profile)
-            arguments.bind(Int64(clamping: person.profileAsOf))
-            arguments.bind(person.sessions)
-            arguments.bind(person.owesDismiss)
-            arguments.bind(person.pendingCheck?.rawValue)
-            arguments.bind(person.withdrawn)
-            arguments.bind(cleanup)
-            arguments.bind(person.intent?.intentId)
-            arguments.bind(person.intent?.intent.rawValue)
-            arguments.bind(person.intent?.reason.rawValue)
+            arguments.bind(row.uid)
+            arguments.bind(row.profile)
+            arguments.bind(row.profileAsOf)
+            arguments.bind(row.sessions)
+            arguments.bind(row.owesDismiss)
+            arguments.bind(row.pendingCheck)
+            arguments.bind(row.withdrawn)
+            arguments.bind(row.cleanup)
+            arguments.bind(row.intentId)
+            arguments.bind(row.intent)
+            arguments.bind(row.reason)
         }
         if let published {
             try db.executeHot("""
@@ -285,7 +247,7 @@ enum OrchestratorStore {
     }
 
     /// The intent in force stored in a person's row, if any.
-    private static func intent(uid: String, id: String?, kind: String?, reason: String?) -> RouteIntent? {
+    package static func intent(uid: String, id: String?, kind: String?, reason: String?) -> RouteIntent? {
         guard let id, let kind = kind.flatMap(RouteIntent.Kind.init(rawValue:)),
             let reason = reason.flatMap(RouteIntent.Reason.init(rawValue:))
         else { return nil }
@@ -311,11 +273,7 @@ enum OrchestratorStore {
 
     // MARK: Set-ups
 
-    struct Setup: Sendable, Hashable {
-        var uid: String
-        var idempotencyKey: String
-        var username: String
-    }
+    package typealias Setup = SetUpRecord
 
     static func beginSetup(_ setup: Setup, in db: Database) throws {
         try db.execute(

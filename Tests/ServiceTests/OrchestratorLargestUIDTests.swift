@@ -18,29 +18,28 @@ struct OrchestratorLargestUIDTests {
     /// and helpers to commit an input and read a person's intent in force.
     struct Fixture {
         let database: any DatabaseWriter
-        let here: Engine
-        let elsewhere: Engine
+        let here: (engine: Engine, storage: SQLiteOrchestratorStorage)
+        let elsewhere: (engine: Engine, storage: SQLiteOrchestratorStorage)
 
         init(path: String, publisher: any EventPublisher, bus: InProcessBus) throws {
-            func engine(_ database: any DatabaseWriter) -> Engine {
-                var logger = Logger(label: "largest-uid")
-                logger.logLevel = .critical
+            var logger = Logger(label: "largest-uid")
+            logger.logLevel = .critical
+            func engine(_ database: any DatabaseWriter) throws -> (Engine, SQLiteOrchestratorStorage) {
                 let (_, work) = AsyncStream.makeStream(of: Work.self)
-                return Engine(
-                    configuration: OnboardingOrchestrator.Configuration(), bus: bus, database: database,
-                    outbox: Outbox(source: ServiceName.orchestrator, publisher: publisher), logger: logger, work: work)
+                let storage = SQLiteOrchestratorStorage(
+                    database: database, outbox: Outbox(source: ServiceName.orchestrator, publisher: publisher), logger: logger)
+                return (
+                    try Engine(configuration: OnboardingOrchestrator.Configuration(), bus: bus, storage: storage, logger: logger, work: work),
+                    storage
+                )
             }
             database = try OrchestratorStore.openDatabase(path: path)
-            here = engine(database)
-            elsewhere = engine(try DatabaseQueue(path: path))
+            here = try engine(database)
+            elsewhere = try engine(try DatabaseQueue(path: path))
         }
 
-        func commit(_ input: OnboardingStateMachine.Input, by engine: Engine) throws {
-            try engine.database.writeTransaction { db in
-                _ = try engine.machine.withLock { machine in
-                    try engine.apply([Engine.Submission(inputs: [input])], to: &machine, in: db)
-                }
-            }
+        func commit(_ input: OnboardingStateMachine.Input, by engine: (engine: Engine, storage: SQLiteOrchestratorStorage)) throws {
+            _ = try engine.engine.decide([Engine.Submission(inputs: [input])], in: engine.storage)
         }
 
         func intent(of uid: String) throws -> RouteIntent.Kind? {
@@ -65,7 +64,7 @@ struct OrchestratorLargestUIDTests {
             #expect(try fixture.intent(of: "m-new") == .presentProfileSetup)
             // Stored here, then forgotten by the machine (as when it is over capacity).
             try fixture.commit(.profileCreated(uid: "n-profiled", asOf: 1), by: here)
-            here.machine.withLock { $0.reset() }
+            here.engine.machine.withLock { $0.reset() }
             try fixture.commit(.signedIn(uid: "n-profiled", isNewAccount: true, sessions: 1), by: here)
             #expect(try fixture.intent(of: "n-profiled") != .presentProfileSetup)
             // Stored by another connection, above everything this engine has stored.
@@ -100,9 +99,9 @@ struct OrchestratorLargestUIDTests {
                         asOf += 1
                         try fixture.commit(.profileCreated(uid: uid, asOf: asOf), by: fixture.elsewhere)
                         profiled.insert(uid)
-                        fixture.here.machine.withLock { $0.reset() }
+                        fixture.here.engine.machine.withLock { $0.reset() }
                     case 2:
-                        fixture.here.machine.withLock { $0.reset() }
+                        fixture.here.engine.machine.withLock { $0.reset() }
                     default:
                         try fixture.commit(.signedIn(uid: uid, isNewAccount: true, sessions: 1), by: fixture.here)
                         if profiled.contains(uid) {

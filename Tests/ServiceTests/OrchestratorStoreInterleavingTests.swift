@@ -38,9 +38,10 @@ struct OrchestratorStoreInterleavingTests {
         let (_, work) = AsyncStream.makeStream(of: Work.self)
         var logger = Logger(label: "store-interleaving")
         logger.logLevel = .critical
-        let engine = Engine(
-            configuration: OnboardingOrchestrator.Configuration(), bus: bus, database: database,
-            outbox: Outbox(source: ServiceName.orchestrator, publisher: publisher), logger: logger, work: work)
+        let storage = SQLiteOrchestratorStorage(
+            database: database, outbox: Outbox(source: ServiceName.orchestrator, publisher: publisher), logger: logger)
+        let engine = try Engine(
+            configuration: OnboardingOrchestrator.Configuration(), bus: bus, storage: storage, logger: logger, work: work)
 
         var sessions: [String: Int] = [:]
         var withdrawn: Set<String> = []
@@ -54,9 +55,7 @@ struct OrchestratorStoreInterleavingTests {
             guard !batch.isEmpty else { return }
             let submissions = batch
             batch = []
-            let actions = try database.write { db in
-                try engine.machine.withLock { machine in try engine.apply(submissions, to: &machine, in: db) }
-            }
+            let actions = try engine.decide(submissions, in: storage)
             // People whose only inputs in this transaction are checks that carry their answer
             // (another input, a returning sign-in say, may start a check of its own).
             let others = Set(submissions.filter(\.profiles.isEmpty).flatMap { $0.inputs.map(\.uid) })
