@@ -153,10 +153,19 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // The orchestrator's store in PostgreSQL (see AuthPostgres), with the lead among replicas.
+        .target(
+            name: "OrchestratorPostgres",
+            dependencies: [
+                "OnboardingOrchestrator", "PostgresSupport", "Messaging", "OnboardingAPI", "OnboardingSettings", "ServiceRuntime",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .testTarget(
             name: "PostgresTests",
             dependencies: [
-                "PostgresSupport", "AuthPostgres", "AuthService", "ProfilePostgres", "ProfileService", "Messaging", "OnboardingAPI", "OnboardingSettings",
+                "PostgresSupport", "AuthPostgres", "AuthService", "ProfilePostgres", "ProfileService", "OrchestratorPostgres", "OnboardingOrchestrator", "Messaging", "OnboardingAPI", "OnboardingSettings",
                 "ServiceRuntime", "TestSupport",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -300,14 +309,14 @@ let package = Package(
         ),
         .executableTarget(
             name: "onboarding-orchestrator",
-            dependencies: ["OnboardingOrchestrator", "ServiceHosting", "OnboardingAPI", "OnboardingSettings"]
+            dependencies: ["OnboardingOrchestrator", "OrchestratorPostgres", "ServiceHosting", "OnboardingAPI", "OnboardingSettings"]
         ),
 
         .testTarget(
             name: "ServiceTests",
             dependencies: [
                 "AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator", "ImageFixtures",
-                "ZeroMQMessaging", "TestSupport", "FuzzKit", "AuthPostgres", "ProfilePostgres", "PostgresSupport",
+                "ZeroMQMessaging", "TestSupport", "FuzzKit", "AuthPostgres", "ProfilePostgres", "OrchestratorPostgres", "PostgresSupport",
                 .product(name: "PropertyBased", package: "swift-property-based"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
             ]
@@ -442,7 +451,8 @@ let package = Package(
                 "Messaging", "OnboardingAPI", "ServiceRuntime",
                 "OnboardingClient", "AuthService", "ProfileService", "ImageUploadService",
                 "OnboardingOrchestrator", "ZeroMQMessaging", "FuzzKit", "ImageFixtures", "OnboardingTesting",
-                "FakeIdentityProvider", "ServiceHosting",
+                "FakeIdentityProvider", "ServiceHosting", "TestSupport", "AuthPostgres", "ProfilePostgres", "OrchestratorPostgres",
+                "PostgresSupport",
             ]
         ),
 

@@ -53,13 +53,16 @@ extension Setting {
     public static let postgresURL = Setting(
         "postgres.url", .text, default: .unset("SQLite files in the data directory"),
         "a PostgreSQL database to keep the stores in instead (postgresql://USER[:PASSWORD]@HOST:PORT/DATABASE[?sslmode=require]); each service keeps its tables in its own schema",
-        secret: true, group: .storage, programs: [.auth, .profile, .chaos])
+        secret: true, group: .storage, programs: [.auth, .profile, .orchestrator, .chaos])
     public static let authPostgresSchema = Setting(
         "auth.postgresSchema", .text, default: .value("auth"),
         "the schema auth's tables live in, with postgres.url", group: .storage, programs: [.auth, .chaos])
     public static let profilePostgresSchema = Setting(
         "profile.postgresSchema", .text, default: .value("profile"),
         "the schema profile's tables live in, with postgres.url", group: .storage, programs: [.profile, .chaos])
+    public static let orchestratorPostgresSchema = Setting(
+        "orchestrator.postgresSchema", .text, default: .value("orchestrator"),
+        "the schema the orchestrator's tables live in, with postgres.url", group: .storage, programs: [.orchestrator])
     public static let imageDir = Setting(
         "image.dir", .path, default: .derived("<data-dir>/images"),
         "where image-upload keeps images (folders 0700, files 0600)", group: .storage, programs: [.imageUpload, .chaos])
@@ -268,7 +271,7 @@ extension Setting {
     /// Every setting, in the order help and the README list them.
     public static let all: [Setting] = [
         authRPC, authEvents, profileRPC, profileEvents, imageRPC, orchestratorRPC, routes, gatewayHTTP,
-        dataDir, authDatabase, profileDatabase, orchestratorDatabase, postgresURL, authPostgresSchema, profilePostgresSchema, imageDir, eventRetentionHours, profileCacheCapacity,
+        dataDir, authDatabase, profileDatabase, orchestratorDatabase, postgresURL, authPostgresSchema, profilePostgresSchema, orchestratorPostgresSchema, imageDir, eventRetentionHours, profileCacheCapacity,
         serviceToken, logLevel, exitWithParent,
         maxImageBytes, maxImagePixels, maxImageSide, imageDecodeThreads,
         authDevMode, sessionLifetimeDays, sessionLifetimeSeconds, maxSessionsPerAccount,

@@ -59,6 +59,12 @@ public final class InProcessSystem: Sendable {
         /// Where databases and images go; by default a new folder under the temporary
         /// directory, deleted by ``InProcessSystem/stop()``. A folder you name is kept.
         public var directory: URL?
+        /// Where auth, profile and the orchestrator keep their stores instead of SQLite files in
+        /// ``directory`` (PostgreSQL, say: `AuthPostgresDatabase`, `ProfilePostgresDatabase`,
+        /// `OrchestratorPostgresDatabase`); `nil` keeps the file.
+        public var authDatabase: (any AuthDatabase)?
+        public var profileDatabase: (any ProfileDatabase)?
+        public var orchestratorDatabase: (any OrchestratorDatabase)?
 
         public init(
             leftOut: Set<Part> = [],
@@ -201,14 +207,14 @@ public final class InProcessSystem: Sendable {
             services.append(try AuthService(
                 configuration: .init(
                     rpc: e.authRPC, events: e.authEvents, databasePath: database("auth.sqlite"), devMode: true,
-                    serviceToken: token),
+                    serviceToken: token, database: configuration.authDatabase),
                 bus: bus, logger: logger))
         }
         if parts.contains(.profile) {
             services.append(try ProfileService(
                 configuration: .init(
                     rpc: e.profileRPC, events: e.profileEvents, authRPC: e.authRPC,
-                    databasePath: database("profile.sqlite"), serviceToken: token),
+                    databasePath: database("profile.sqlite"), serviceToken: token, database: configuration.profileDatabase),
                 bus: bus, logger: logger))
         }
         if parts.contains(.imageUpload) {
@@ -223,7 +229,8 @@ public final class InProcessSystem: Sendable {
                     rpc: e.orchestratorRPC, routes: e.routes, authRPC: e.authRPC, authEvents: e.authEvents,
                     profileRPC: e.profileRPC, profileEvents: e.profileEvents, imageRPC: e.imageRPC,
                     databasePath: database("orchestrator.sqlite"), callTimeout: configuration.orchestratorCallTimeout,
-                    retryPolicy: configuration.orchestratorRetry, serviceToken: token),
+                    retryPolicy: configuration.orchestratorRetry, serviceToken: token,
+                    database: configuration.orchestratorDatabase),
                 bus: bus, logger: logger))
         }
         return services

@@ -1,6 +1,7 @@
 import OnboardingAPI
 import OnboardingOrchestrator
 import OnboardingSettings
+import OrchestratorPostgres
 import ServiceHosting
 import ServiceLifecycle
 
@@ -11,6 +12,8 @@ enum OrchestratorMain: HostedProgram {
     static let abstract = "Turns auth events into profile checks and route intents; runs profile set-up and withdrawal clean-up."
 
     static func services(_ host: Host) async throws -> [any Service] {
-        [try OnboardingOrchestrator(configuration: .init(host.settings), bus: host.bus, logger: host.logger)]
+        var configuration = try OnboardingOrchestrator.Configuration(host.settings)
+        configuration.database = try OrchestratorPostgresDatabase(host.settings)
+        return [try OnboardingOrchestrator(configuration: configuration, bus: host.bus, logger: host.logger)]
     }
 }

@@ -1,3 +1,4 @@
+import AuthPostgres
 import AuthService
 import Foundation
 import ImageUploadService
@@ -6,10 +7,13 @@ import Messaging
 import OnboardingAPI
 import OnboardingOrchestrator
 import OnboardingTesting
+import OrchestratorPostgres
+import ProfilePostgres
 import ProfileService
 import ServiceLifecycle
 import ServiceRuntime
 import Testing
+import TestSupport
 
 @Suite("The whole system in one process")
 struct InProcessSystemTests {
@@ -44,23 +48,23 @@ struct InProcessSystemTests {
         }
     }
 
-    @Test("sign in, set up a profile, sign out, sign in again, withdraw")
-    func journey() async throws {
-        try await InProcessSystem.run { system in
+    @Test("sign in, set up a profile, sign out, sign in again, withdraw", arguments: StoreKind.available)
+    func journey(kind: StoreKind) async throws {
+        try await InProcessSystem.run(on: kind) { system in
             try await runJourney(bus: system.bus, endpoints: system.endpoints, imagesRoot: system.imagesDirectory)
         }
     }
 
-    @Test("bad input at every endpoint gets a typed error and no service goes down")
-    func badInput() async throws {
-        try await InProcessSystem.run { system in
+    @Test("bad input at every endpoint gets a typed error and no service goes down", arguments: StoreKind.available)
+    func badInput(kind: StoreKind) async throws {
+        try await InProcessSystem.run(on: kind) { system in
             try await runBadInput(bus: system.bus, endpoints: system.endpoints, serviceToken: system.serviceToken)
         }
     }
 
-    @Test("two people claiming one free name at once: exactly one gets it")
-    func simultaneousClaims() async throws {
-        try await InProcessSystem.run { system in
+    @Test("two people claiming one free name at once: exactly one gets it", arguments: StoreKind.available)
+    func simultaneousClaims(kind: StoreKind) async throws {
+        try await InProcessSystem.run(on: kind) { system in
             let name = "race\(Int.random(in: 100...999))"
             let people = (0..<8).map { system.endpoints.client(system.bus, name: "racer-\($0)") }
             for (index, person) in people.enumerated() {
@@ -132,5 +136,24 @@ struct InProcessSystemTests {
             try await tasks.waitForAll()
         }
         try? FileManager.default.removeItem(at: directory)
+    }
+}
+
+extension InProcessSystem {
+    /// ``run(_:_:)`` with auth, profile and the orchestrator on stores of `kind` (SQLite files, or
+    /// fresh schemas of the test database).
+    static func run<Result: Sendable>(
+        on kind: StoreKind, _ configuration: Configuration = Configuration(), _ body: (InProcessSystem) async throws -> Result
+    ) async throws -> Result {
+        guard kind == .postgres else { return try await run(configuration, body) }
+        return try await TestPostgres.withSchemas(3) { locations in
+            var configuration = configuration
+            // Tests run many systems at once on a loaded machine: small pools, and time.
+            configuration.authDatabase = AuthPostgresDatabase(location: locations[0], maxConnections: 4, timeout: .seconds(15))
+            configuration.profileDatabase = ProfilePostgresDatabase(location: locations[1], maxConnections: 4, timeout: .seconds(15))
+            configuration.orchestratorDatabase = OrchestratorPostgresDatabase(
+                location: locations[2], maxConnections: 4, timeout: .seconds(15))
+            return try await run(configuration, body)
+        }
     }
 }

@@ -21,19 +21,27 @@ public enum TestPostgres {
 
     /// Runs `body` with a location in a fresh schema of the test database, dropped afterwards.
     public static func withSchema<T: Sendable>(_ body: (PostgresLocation) async throws -> T) async throws -> T {
+        try await withSchemas(1) { locations in try await body(locations[0]) }
+    }
+
+    /// Runs `body` with `count` locations, each in a fresh schema of the test database (one per
+    /// service of a whole system), dropped afterwards.
+    public static func withSchemas<T: Sendable>(_ count: Int, _ body: ([PostgresLocation]) async throws -> T) async throws -> T {
         guard let url else { throw TestPostgresMissing() }
         await turns.acquire()
         defer { Task { await turns.release() } }
-        let schema = "t_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "").prefix(24)
-        let location = try PostgresLocation(url: url, schema: String(schema))
+        let schemas = (0..<count).map { _ in "t_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "").prefix(24) }
+        let locations = try schemas.map { try PostgresLocation(url: url, schema: String($0)) }
         let result: Result<T, any Error>
-        do { result = .success(try await body(location)) } catch { result = .failure(error) }
+        do { result = .success(try await body(locations)) } catch { result = .failure(error) }
         let client = PostgresClient(
-            configuration: location.clientConfiguration(applicationName: "onboarding-tests"), backgroundLogger: logger)
+            configuration: locations[0].clientConfiguration(applicationName: "onboarding-tests"), backgroundLogger: logger)
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await client.run() }
             defer { group.cancelAll() }
-            try await client.query(PostgresQuery(unsafeSQL: "DROP SCHEMA IF EXISTS \(schema) CASCADE"), logger: logger)
+            for schema in schemas {
+                try await client.query(PostgresQuery(unsafeSQL: "DROP SCHEMA IF EXISTS \(schema) CASCADE"), logger: logger)
+            }
         }
         return try result.get()
     }

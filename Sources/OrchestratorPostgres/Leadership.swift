@@ -1,0 +1,98 @@
+import Foundation
+import Logging
+import Messaging
+import OnboardingAPI
+import PostgresNIO
+import PostgresSupport
+
+/// Which orchestrator replica decides: the one holding the schema's session-level advisory lock,
+/// on a connection it keeps for as long as it leads.
+///
+/// Taking the lead also increments the `leader` row's epoch, in a transaction that takes the
+/// outbox head's lock (as every decision transaction does), so the two take turns: a decision
+/// transaction of the replica that led before either commits before the new leader reads
+/// anything, or finds the epoch changed and writes nothing (``OrchestratorPostgresStore``).
+///
+/// A leader that loses its connection (the database restarted, the network failed) stops
+/// deciding at once: ``watch(on:every:)`` throws, and the orchestrator stops so that it is
+/// restarted and stands by again.
+struct Leadership: Sendable {
+    /// This replica's term: the `leader` row's epoch it set.
+    let epoch: Int64
+    let key: Int64
+    let logger: Logger
+
+    /// The lead lost: the orchestrator stops (and is restarted by its supervisor).
+    struct Lost: Error, CustomStringConvertible {
+        var reason: String
+        var description: String {
+            "this orchestrator no longer leads (\(reason)); it stops so that the replica that leads now decides"
+        }
+    }
+
+    /// Waits until this replica holds the lead, then starts its term.
+    static func take(on connection: PostgresConnection, store: PostgresStore, every interval: Duration, logger: Logger)
+        async throws -> Leadership
+    {
+        let schema = store.location.schema
+        var key: Int64 = 0
+        for try await value in try await connection.query(
+            "SELECT hashtextextended(\("onboarding.lead." + schema), 0)", logger: logger
+        ).decode(Int64.self) { key = value }
+        var standingBy = false
+        while true {
+            var held = false
+            for try await got in try await connection.query("SELECT pg_try_advisory_lock(\(key))", logger: logger).decode(Bool.self) {
+                held = got
+            }
+            if held { break }
+            if !standingBy {
+                logger.notice("another orchestrator leads (schema \(schema)): standing by to take over when it stops")
+                standingBy = true
+            }
+            try await Task.sleep(for: interval)
+        }
+        let holder = "\(hostName())#\(ProcessInfo.processInfo.processIdentifier)"
+        let epoch = try await store.eventTransaction { connection, _ in
+            var epoch: Int64 = 0
+            for try await value in try await connection.query(
+                "UPDATE leader SET epoch = epoch + 1, holder = \(holder), since = now() WHERE id = 1 RETURNING epoch",
+                logger: logger
+            ).decode(Int64.self) { epoch = value }
+            return epoch
+        } afterCommit: { _ in }
+        logger.notice("this orchestrator leads now (schema \(schema), term \(epoch))\(standingBy ? ", taking over" : "")")
+        return Leadership(epoch: epoch, key: key, logger: logger)
+    }
+
+    /// Returns only by throwing: ``Lost`` when the lead's connection fails or another replica's
+    /// term has begun; cancellation when the orchestrator stops.
+    func watch(on connection: PostgresConnection, every interval: Duration) async throws {
+        while true {
+            try await Task.sleep(for: interval)
+            var current: Int64?
+            do {
+                for try await value in try await connection.query("SELECT epoch FROM leader WHERE id = 1", logger: logger)
+                    .decode(Int64.self)
+                { current = value }
+            } catch {
+                if Task.isCancelled { throw CancellationError() }
+                throw Lost(reason: "its connection to PostgreSQL failed: \(String(reflecting: error))")
+            }
+            guard current == epoch else { throw Lost(reason: "term \(current.map(String.init) ?? "?") has begun, this one was \(epoch)") }
+        }
+    }
+
+    /// Gives the lead up (on a graceful stop), so a standby takes over within its next try:
+    /// the lead's connection is closed, which ends its session and the lock with it (the pool
+    /// opens another connection when it needs one).
+    func release(on connection: PostgresConnection) async {
+        try? await connection.close()
+    }
+
+    private static func hostName() -> String {
+        var name = [CChar](repeating: 0, count: 256)
+        guard gethostname(&name, name.count) == 0 else { return "unknown-host" }
+        return String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+}
