@@ -35,6 +35,19 @@ extension Engine {
     /// in one transaction off the bus's thread, then carries out the actions. On failure everyone
     /// waiting on the batch is told; the next batch starts the machine again from the store.
     func commit(_ batch: [Submission], in store: any BufferedDecisionStore) async {
+        do {
+            committed(batch, try await decide(batch, in: store))
+        } catch {
+            // Whatever failed after the machine moved on (the writes, the commit) leaves it ahead
+            // of the store.
+            stale.store(true, ordering: .releasing)
+            try? failed(batch, error)
+        }
+    }
+
+    /// A shared store: applies `batch` to the machine and stores the outcome in one transaction.
+    /// - Returns: the actions to carry out now that it has committed.
+    func decide(_ batch: [Submission], in store: any BufferedDecisionStore) async throws -> [OnboardingStateMachine.Action] {
         let unknown = machine.withLock { machine in
             var uids: Set<String> = []
             for submission in batch {
@@ -42,23 +55,14 @@ extension Engine {
             }
             return Array(uids)
         }
-        let restarting = stale.load(ordering: .acquiring)
-        do {
-            let actions = try await store.commit(reading: unknown, restarting: restarting) { [self] buffer in
-                do {
-                    return try machine.withLock { machine in try apply(batch, to: &machine, in: &buffer) }
-                } catch {
-                    // The machine may have moved on before the failure: it starts again from the store.
-                    stale.store(true, ordering: .releasing)
-                    throw error
-                }
+        return try await store.commit(reading: unknown, restarting: stale.load(ordering: .acquiring)) { [self] buffer in
+            do {
+                return try machine.withLock { machine in try apply(batch, to: &machine, in: &buffer) }
+            } catch {
+                // The machine may have moved on before the failure: it starts again from the store.
+                stale.store(true, ordering: .releasing)
+                throw error
             }
-            committed(batch, actions)
-        } catch {
-            // Whatever failed after the machine moved on (the writes, the commit) leaves it ahead
-            // of the store.
-            stale.store(true, ordering: .releasing)
-            try? failed(batch, error)
         }
     }
 

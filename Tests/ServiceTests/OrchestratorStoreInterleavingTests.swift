@@ -8,6 +8,9 @@ import ServiceRuntime
 import Testing
 
 @testable import OnboardingOrchestrator
+@testable import OrchestratorPostgres
+import PostgresNIO
+import TestSupport
 
 /// The orchestrator's commit over random inputs for a few people, cut into transactions at
 /// random: a person's row (written once per transaction) must always name the intent last put in
@@ -22,26 +25,36 @@ struct OrchestratorStoreInterleavingTests {
     static let kinds = 7
     static let steps = Gen.int(in: 0...(kinds * people.count - 1)).array(of: 1...80)
 
-    @Test("a person's row names the intent last put in the route outbox for them, with its sequence; an answer asked ahead is used")
-    func rowMatchesRouteOutbox() async throws {
-        await propertyCheck(count: 150, input: Self.steps) { steps in
-            let problems = try await Self.run(steps)
-            #expect(problems.isEmpty, "\(problems) after steps \(steps)")
+    @Test(
+        "a person's row names the intent last put in the route outbox for them, with its sequence; an answer asked ahead is used",
+        arguments: StoreKind.available)
+    func rowMatchesRouteOutbox(kind: StoreKind) async throws {
+        // Each case a fresh store; fewer on PostgreSQL, where each is a schema.
+        try await withOrchestratorDatabase(kind) { database async throws in
+            await propertyCheck(count: kind == .sqlite ? 150 : 40, input: Self.steps) { steps in
+                let problems = try await Self.run(steps, on: database)
+                #expect(problems.isEmpty, "\(problems) after steps \(steps)")
+            }
         }
     }
 
-    static func run(_ steps: [Int]) async throws -> [String] {
+    /// Runs `steps` on a fresh store of `database` (on PostgreSQL, the schema is emptied first).
+    static func run(_ steps: [Int], on database: any OrchestratorDatabase) async throws -> [String] {
         let bus = InProcessBus()
         let publisher = try await bus.publisher(at: Endpoint("inproc://routes"))
         defer { publisher.close() }
-        let database = try OrchestratorStore.openDatabase(path: nil)
-        let (_, work) = AsyncStream.makeStream(of: Work.self)
-        var logger = Logger(label: "store-interleaving")
-        logger.logLevel = .critical
-        let storage = SQLiteOrchestratorStorage(
-            database: database, outbox: Outbox(source: ServiceName.orchestrator, publisher: publisher), logger: logger)
-        let engine = try Engine(
-            configuration: OnboardingOrchestrator.Configuration(), bus: bus, storage: storage, logger: logger, work: work)
+        let logger = Logger(label: "store-interleaving") { _ in SwiftLogNoOpLogHandler() }
+        let context = OrchestratorStorageContext(publisher: publisher, retention: Outbox.Retention(), logger: logger)
+        return try await database.withStorage(context) { storage in
+            try await emptied(storage)
+            let (_, work) = AsyncStream.makeStream(of: Work.self)
+            let engine = try Engine(
+                configuration: OnboardingOrchestrator.Configuration(), bus: bus, storage: storage, logger: logger, work: work)
+            return try await run(steps, engine: engine)
+        }
+    }
+
+    static func run(_ steps: [Int], engine: Engine) async throws -> [String] {
 
         var sessions: [String: Int] = [:]
         var withdrawn: Set<String> = []
@@ -51,11 +64,15 @@ struct OrchestratorStoreInterleavingTests {
         var batch: [Engine.Submission] = []
         var problems: [String] = []
 
-        func commit() throws {
+        func commit() async throws {
             guard !batch.isEmpty else { return }
             let submissions = batch
             batch = []
-            let actions = try engine.decide(submissions, in: storage)
+            let actions: [OnboardingStateMachine.Action]
+            switch engine.commits {
+            case .onLoop(let sqlite): actions = try engine.decide(submissions, in: sqlite)
+            case .buffered(let store): actions = try await engine.decide(submissions, in: store)
+            }
             // People whose only inputs in this transaction are checks that carry their answer
             // (another input, a returning sign-in say, may start a check of its own).
             let others = Set(submissions.filter(\.profiles.isEmpty).flatMap { $0.inputs.map(\.uid) })
@@ -63,7 +80,7 @@ struct OrchestratorStoreInterleavingTests {
             for case .checkProfile(let uid, _) in actions where answeredAhead.contains(uid) {
                 problems.append("\(uid): profile asked again although its answer came with the check")
             }
-            problems += try database.read(Self.check)
+            problems += try await Self.check(engine.storage)
         }
 
         for code in steps {
@@ -100,36 +117,64 @@ struct OrchestratorStoreInterleavingTests {
                 batch.append(submission)
                 continue
             default:
-                try commit()
+                try await commit()
                 continue
             }
             batch.append(Engine.Submission(inputs: [input]))
         }
-        try commit()
+        try await commit()
         return problems
     }
 
-    /// What is wrong between the person rows and the route outbox.
-    static func check(_ db: Database) throws -> [String] {
+    /// What is wrong between the person rows and the route outbox, read as clients read them
+    /// (`onboarding.routes` and `events.after`), so the same on every store.
+    static func check(_ storage: any OrchestratorStorage) async throws -> [String] {
         var problems: [String] = []
-        for row in try Row.fetchAll(db, sql: "SELECT uid, intentId, intent, intentSequence FROM person") {
-            let uid: String = row["uid"]
-            guard let intentId: String = row["intentId"] else { continue }
-            guard
-                let last = try Row.fetchOne(
-                    db, sql: "SELECT sequence, envelope FROM outbox WHERE uid = ? ORDER BY sequence DESC LIMIT 1", arguments: [uid])
-            else {
-                problems.append("\(uid): intent \(intentId) in force, none in the route outbox")
+        var last: [String: (sequence: UInt64, intent: RouteIntent)] = [:]
+        for event in try await storage.events(after: 0, limit: nil).events {
+            let envelope = try WireFormat.decoder().decode(Envelope<RouteIntent>.self, from: Data(event.envelope.utf8))
+            last[envelope.payload.uid] = (event.sequence, envelope.payload)
+        }
+        for state in try await storage.routeStates(after: nil, limit: 1_000).states {
+            guard let intent = state.intent else { continue }
+            guard let recorded = last[state.uid] else {
+                problems.append("\(state.uid): intent \(intent.intentId) in force, none in the route outbox")
                 continue
             }
-            let envelope = try WireFormat.decoder().decode(Envelope<RouteIntent>.self, from: last["envelope"] as Data)
-            if envelope.payload.intentId != intentId || envelope.payload.intent.rawValue != (row["intent"] as String?) {
-                problems.append("\(uid): row says \(intentId), the outbox's last is \(envelope.payload.intentId)")
+            if recorded.intent.intentId != intent.intentId || recorded.intent.intent != intent.intent {
+                problems.append("\(state.uid): row says \(intent.intentId), the outbox's last is \(recorded.intent.intentId)")
             }
-            if (row["intentSequence"] as Int64?) != (last["sequence"] as Int64) {
-                problems.append("\(uid): row's route sequence \(String(describing: row["intentSequence"] as Int64?)), the outbox's \(last["sequence"] as Int64)")
+            if state.sequence != recorded.sequence {
+                problems.append("\(state.uid): row's route sequence \(String(describing: state.sequence)), the outbox's \(recorded.sequence)")
             }
         }
         return problems
+    }
+
+    /// Empties `storage` between cases that share a PostgreSQL schema (SQLite's is new each time).
+    static func emptied(_ storage: any OrchestratorStorage) async throws {
+        guard let postgres = storage as? OrchestratorPostgresStore else { return }
+        try await postgres.store.transaction { connection in
+            for table in ["person", "cursor", "outbox"] {
+                try await connection.query(PostgresQuery(unsafeSQL: "DELETE FROM \(table)"), logger: postgres.logger)
+            }
+            try await connection.query("UPDATE outbox_head SET sequence = 0", logger: postgres.logger)
+        }
+    }
+}
+
+/// Runs `body` with the orchestrator's database of `kind`: SQLite in memory, or a fresh
+/// PostgreSQL schema.
+func withOrchestratorDatabase<Result: Sendable>(
+    _ kind: StoreKind, _ body: (any OrchestratorDatabase) async throws -> Result
+) async throws -> Result {
+    switch kind {
+    case .sqlite:
+        return try await body(SQLiteOrchestratorDatabase(path: nil))
+    case .postgres:
+        return try await TestPostgres.withSchema { location in
+            try await body(
+                OrchestratorPostgresDatabase(location: location, maxConnections: 4, timeout: .seconds(15), leaseCheck: .milliseconds(50)))
+        }
     }
 }
