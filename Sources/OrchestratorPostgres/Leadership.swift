@@ -22,12 +22,12 @@ struct Leadership: Sendable {
     let key: Int64
     let logger: Logger
 
-    /// The lead lost: the orchestrator stops (and is restarted by its supervisor).
-    struct Lost: Error, CustomStringConvertible {
-        var reason: String
-        var description: String {
-            "this orchestrator no longer leads (\(reason)); it stops so that the replica that leads now decides"
-        }
+    /// The lead lost: the orchestrator stops (and is restarted by its supervisor, as a standby),
+    /// saying why in one line.
+    static func lost(_ reason: String) -> ServiceError {
+        ServiceError(
+            .storeUnavailable,
+            "This orchestrator no longer leads (\(reason)); it stops so that the one that leads now decides. Restarted, it stands by.")
     }
 
     /// Waits until this replica holds the lead, then starts its term.
@@ -65,7 +65,7 @@ struct Leadership: Sendable {
         return Leadership(epoch: epoch, key: key, logger: logger)
     }
 
-    /// Returns only by throwing: ``Lost`` when the lead's connection fails or another replica's
+    /// Returns only by throwing: ``lost(_:)`` when the lead's connection fails or another replica's
     /// term has begun; cancellation when the orchestrator stops.
     func watch(on connection: PostgresConnection, every interval: Duration) async throws {
         while true {
@@ -77,9 +77,9 @@ struct Leadership: Sendable {
                 { current = value }
             } catch {
                 if Task.isCancelled { throw CancellationError() }
-                throw Lost(reason: "its connection to PostgreSQL failed: \(String(reflecting: error))")
+                throw Self.lost("its connection to PostgreSQL failed: \(String(reflecting: error))")
             }
-            guard current == epoch else { throw Lost(reason: "term \(current.map(String.init) ?? "?") has begun, this one was \(epoch)") }
+            guard current == epoch else { throw Self.lost("term \(current.map(String.init) ?? "?") has begun, this one was \(epoch)") }
         }
     }
 

@@ -37,8 +37,17 @@ public final class PostgresStore: Sendable {
     }
 
     /// Keeps the pool open until the task is cancelled.
+    ///
+    /// Not when the service's graceful shutdown begins: `PostgresClient.run()` closes the pool
+    /// then, while the service still drains what it accepted (a detached task does not inherit
+    /// the service group's shutdown signal; cancellation is passed on).
     public func run() async {
-        await client.run()
+        let pool = Task.detached { [client] in await client.run() }
+        await withTaskCancellationHandler {
+            await pool.value
+        } onCancel: {
+            pool.cancel()
+        }
         closed.store(true, ordering: .releasing)
     }
 
