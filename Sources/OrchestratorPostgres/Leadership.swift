@@ -31,19 +31,31 @@ struct Leadership: Sendable {
     }
 
     /// Waits until this replica holds the lead, then starts its term.
-    static func take(on connection: PostgresConnection, store: PostgresStore, every interval: Duration, logger: Logger)
-        async throws -> Leadership
-    {
+    ///
+    /// - Throws: ``lost(_:)`` when the connection fails or does not answer within `patience`.
+    static func take(
+        on connection: PostgresConnection, store: PostgresStore, every interval: Duration, patience: Duration, logger: Logger
+    ) async throws -> Leadership {
         let schema = store.location.schema
-        var key: Int64 = 0
+        var hashed: Int64 = 0
         for try await value in try await connection.query(
             "SELECT hashtextextended(\("onboarding.lead." + schema), 0)", logger: logger
-        ).decode(Int64.self) { key = value }
+        ).decode(Int64.self) { hashed = value }
+        let key = hashed
         var standingBy = false
         while true {
-            var held = false
-            for try await got in try await connection.query("SELECT pg_try_advisory_lock(\(key))", logger: logger).decode(Bool.self) {
-                held = got
+            let held: Bool
+            do {
+                held = try await store.withinTimeout(patience) {
+                    var held = false
+                    for try await got in try await connection.query("SELECT pg_try_advisory_lock(\(key))", logger: logger)
+                        .decode(Bool.self)
+                    { held = got }
+                    return held
+                }
+            } catch {
+                if Task.isCancelled { throw CancellationError() }
+                throw Self.lost("its connection to PostgreSQL failed or did not answer: \(String(reflecting: error))")
             }
             if held { break }
             if !standingBy {
@@ -65,19 +77,27 @@ struct Leadership: Sendable {
         return Leadership(epoch: epoch, key: key, logger: logger)
     }
 
-    /// Returns only by throwing: ``lost(_:)`` when the lead's connection fails or another replica's
-    /// term has begun; cancellation when the orchestrator stops.
-    func watch(on connection: PostgresConnection, every interval: Duration) async throws {
+    /// Returns only by throwing: ``lost(_:)`` when the lead's connection fails, does not answer
+    /// within `patience` (a connection the server ended can leave a query unanswered), or another
+    /// replica's term has begun; cancellation when the orchestrator stops.
+    func watch(on connection: PostgresConnection, store: PostgresStore, every interval: Duration, patience: Duration)
+        async throws
+    {
+        let logger = self.logger
         while true {
             try await Task.sleep(for: interval)
-            var current: Int64?
+            let current: Int64?
             do {
-                for try await value in try await connection.query("SELECT epoch FROM leader WHERE id = 1", logger: logger)
-                    .decode(Int64.self)
-                { current = value }
+                current = try await store.withinTimeout(patience) {
+                    var current: Int64?
+                    for try await value in try await connection.query("SELECT epoch FROM leader WHERE id = 1", logger: logger)
+                        .decode(Int64.self)
+                    { current = value }
+                    return current
+                }
             } catch {
                 if Task.isCancelled { throw CancellationError() }
-                throw Self.lost("its connection to PostgreSQL failed: \(String(reflecting: error))")
+                throw Self.lost("its connection to PostgreSQL failed or did not answer: \(String(reflecting: error))")
             }
             guard current == epoch else { throw Self.lost("term \(current.map(String.init) ?? "?") has begun, this one was \(epoch)") }
         }

@@ -24,14 +24,19 @@ public struct OrchestratorPostgresDatabase: OrchestratorDatabase {
     public var timeout: Duration
     /// How often a standby tries for the lead, and the leader checks it still has it.
     public var leaseCheck: Duration
+    /// How long the leader waits for that check before it takes the lead as lost (longer than
+    /// the database's usual hiccups: the chaos test pauses it for up to 4 s).
+    public var leasePatience: Duration
 
     public init(
-        location: PostgresLocation, maxConnections: Int = 10, timeout: Duration = .seconds(2), leaseCheck: Duration = .seconds(1)
+        location: PostgresLocation, maxConnections: Int = 10, timeout: Duration = .seconds(2),
+        leaseCheck: Duration = .seconds(1), leasePatience: Duration = .seconds(10)
     ) {
         self.location = location
         self.maxConnections = maxConnections
         self.timeout = timeout
         self.leaseCheck = leaseCheck
+        self.leasePatience = leasePatience
     }
 
     /// The orchestrator's PostgreSQL database from `postgres.url` and
@@ -51,32 +56,40 @@ public struct OrchestratorPostgresDatabase: OrchestratorDatabase {
         let store = PostgresStore(
             location: location, applicationName: "onboarding-orchestrator", timeout: timeout, maxConnections: maxConnections,
             logger: context.logger)
-        let leaseCheck = self.leaseCheck
+        let (leaseCheck, leasePatience) = (self.leaseCheck, self.leasePatience)
         return try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await store.run() }
             defer { group.cancelAll() }
             try await store.migrate(try OrchestratorPostgresStore.migrator(schema: location.schema))
             // The lead is held by a connection of its own for as long as this replica decides.
             return try await store.client.withConnection { connection in
-                let leadership = try await Leadership.take(on: connection, store: store, every: leaseCheck, logger: context.logger)
+                let leadership = try await Leadership.take(
+                    on: connection, store: store, every: leaseCheck, patience: leasePatience, logger: context.logger)
                 let storage = OrchestratorPostgresStore(store: store, context: context, epoch: leadership.epoch)
                 // The group waits for both tasks, so `body` never outlives this call.
-                let result = try await withoutActuallyEscaping(body) { body in
-                    try await withThrowingTaskGroup(of: T?.self) { leading in
-                        leading.addTask {
-                            try await withEventRetention(context.retention, postgres: store) { try await body(storage) }
+                let outcome: Result<T, any Error>
+                do {
+                    outcome = .success(try await withoutActuallyEscaping(body) { body in
+                        try await withThrowingTaskGroup(of: T?.self) { leading in
+                            leading.addTask {
+                                try await withEventRetention(context.retention, postgres: store) { try await body(storage) }
+                            }
+                            leading.addTask {
+                                try await leadership.watch(on: connection, store: store, every: leaseCheck, patience: leasePatience)
+                                return nil
+                            }
+                            defer { leading.cancelAll() }
+                            // The body's result, or the watch's news that the lead is lost.
+                            guard let first = try await leading.next(), let result = first else { throw CancellationError() }
+                            return result
                         }
-                        leading.addTask {
-                            try await leadership.watch(on: connection, every: leaseCheck)
-                            return nil
-                        }
-                        defer { leading.cancelAll() }
-                        // The body's result, or the watch's news that the lead is lost.
-                        guard let first = try await leading.next(), let result = first else { throw CancellationError() }
-                        return result
-                    }
+                    })
+                } catch {
+                    outcome = .failure(error)
                 }
+                // On every way out: a lead left on a connection back in the pool would stay held.
                 await leadership.release(on: connection)
+                let result = try outcome.get()
                 return result
             }
         }

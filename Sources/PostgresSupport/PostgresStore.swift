@@ -172,13 +172,15 @@ public final class PostgresStore: Sendable {
         }
     }
 
-    /// `work`'s result or error, or `storeUnavailable` once `limit` has passed without one.
+    /// `work`'s result or error, or `timeout` once `limit` has passed without one: the caller
+    /// does not wait for `work` to notice it was cancelled (a query on a connection the server
+    /// ended may never answer).
     ///
     /// On timeout, or when the caller is cancelled, `work` is cancelled: a lease still waiting
     /// for a connection is withdrawn. A statement already sent cannot be taken back
     /// (postgres-nio), so a transaction that commits late has still committed: hence "may have
     /// been made" in the message.
-    private func withinTimeout<T: Sendable>(
+    public func withinTimeout<T: Sendable>(
         _ limit: Duration, _ work: @escaping @Sendable () async throws -> T
     ) async throws -> T {
         let race = FirstResult<T>()

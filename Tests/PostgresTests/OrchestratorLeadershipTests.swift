@@ -44,6 +44,32 @@ struct OrchestratorLeadershipTests {
         }
     }
 
+    @Test("a leader whose lead connection is cut stops, saying why")
+    func leaderStopsWhenItsConnectionIsCut() async throws {
+        try await TestPostgres.withSchema { location in
+            let database = OrchestratorPostgresDatabase(
+                location: location, maxConnections: 4, timeout: .seconds(15), leaseCheck: .milliseconds(50),
+                leasePatience: .seconds(1))
+            let log = CapturedLog()
+            let leads = Latch()
+            let stopped = await #expect(throws: ServiceError.self) {
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    group.addTask {
+                        try await database.withStorage(try await context(log.logger(label: "leader"))) { _ in
+                            leads.open()
+                            // Runs until the lead is lost.
+                            try await Task.sleep(for: .seconds(30))
+                        }
+                    }
+                    await leads.wait()
+                    try await cutLead(of: location)
+                    try await group.waitForAll()
+                }
+            }
+            #expect(stopped?.message.contains("no longer leads") == true)
+        }
+    }
+
     @Test("a replica whose lead was lost (its connection cut) cannot commit a decision once another leads")
     func fencedAfterLosingTheLead() async throws {
         try await TestPostgres.withSchema { location in
