@@ -48,14 +48,18 @@ extension Engine {
     /// A shared store: applies `batch` to the machine and stores the outcome in one transaction.
     /// - Returns: the actions to carry out now that it has committed.
     func decide(_ batch: [Submission], in store: any BufferedDecisionStore) async throws -> [OnboardingStateMachine.Action] {
+        // Commits take turns, and only a failed one marks the machine stale: this holds until `apply`.
+        let restarting = stale.load(ordering: .acquiring)
+        // The stored rows of everyone the batch names whom the machine will not know: when it
+        // starts again from the store, that is everyone.
         let unknown = machine.withLock { machine in
             var uids: Set<String> = []
             for submission in batch {
-                for input in submission.inputs where !machine.isTracking(input.uid) { uids.insert(input.uid) }
+                for input in submission.inputs where restarting || !machine.isTracking(input.uid) { uids.insert(input.uid) }
             }
             return Array(uids)
         }
-        return try await store.commit(reading: unknown, restarting: stale.load(ordering: .acquiring)) { [self] buffer in
+        return try await store.commit(reading: unknown, restarting: restarting) { [self] buffer in
             do {
                 return try machine.withLock { machine in try apply(batch, to: &machine, in: &buffer) }
             } catch {

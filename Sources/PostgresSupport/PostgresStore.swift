@@ -42,7 +42,12 @@ public final class PostgresStore: Sendable {
     /// then, while the service still drains what it accepted (a detached task does not inherit
     /// the service group's shutdown signal; cancellation is passed on).
     public func run() async {
-        let pool = Task.detached { [client] in await client.run() }
+        let pool = Task.detached { [client, started] in
+            // Said just before the pool starts, in the same synchronous stretch: whoever waits
+            // (``migrate(_:patience:)``) resumes on another thread after it has.
+            started.open()
+            await client.run()
+        }
         await withTaskCancellationHandler {
             await pool.value
         } onCancel: {
@@ -54,9 +59,11 @@ public final class PostgresStore: Sendable {
     /// Whether ``run()`` has returned: the pool is shut and nothing will be answered again.
     public var isClosed: Bool { closed.load(ordering: .acquiring) }
     private let closed = Atomic<Bool>(false)
+    /// Opened when ``run()`` starts the pool (leasing a connection before warns).
+    private let started = Signal()
 
-    /// Applies `migrator`'s missing migrations, waiting up to `patience` for the server to
-    /// answer (a service and its database often start together).
+    /// Applies `migrator`'s missing migrations (once ``run()`` has started the pool), waiting up
+    /// to `patience` for the server to answer (a service and its database often start together).
     ///
     /// Only a server that cannot be reached is waited for; a migration that fails (bad SQL, a
     /// missing privilege) fails at once. A migration may take as long as it needs.
@@ -64,6 +71,7 @@ public final class PostgresStore: Sendable {
     /// - Throws: ``ServiceError`` `storeUnavailable` naming the database.
     @discardableResult
     public func migrate(_ migrator: PostgresMigrator, patience: Duration = .seconds(30)) async throws -> [String] {
+        await started.wait()
         let clock = ContinuousClock()
         let deadline = clock.now + patience
         var delay = Duration.milliseconds(100)
@@ -257,4 +265,28 @@ public func withEventRetention<T: Sendable>(
     try await withEventRetention(retention, every: interval, logger: store.logger, prune: {
         try await PostgresOutbox.prune(retention, client: store.client, logger: store.logger)
     }, body)
+}
+
+/// Opens once; ``wait()`` returns once it has.
+private final class Signal: Sendable {
+    private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+
+    func open() {
+        let waiters = state.withLock { state in
+            state.open = true
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    func wait() async {
+        await withCheckedContinuation { continuation in
+            let open = state.withLock { state in
+                if !state.open { state.waiters.append(continuation) }
+                return state.open
+            }
+            if open { continuation.resume() }
+        }
+    }
 }

@@ -38,6 +38,38 @@ struct OrchestratorStoreInterleavingTests {
         }
     }
 
+    @Test("after a failed commit the machine starts again from the store, people it was tracking included", arguments: StoreKind.available)
+    func restartKeepsTrackedPeople(kind: StoreKind) async throws {
+        try await withOrchestratorDatabase(kind) { database async throws in
+            let bus = InProcessBus()
+            let publisher = try await bus.publisher(at: Endpoint("inproc://routes"))
+            defer { publisher.close() }
+            let logger = Logger(label: "restart") { _ in SwiftLogNoOpLogHandler() }
+            let context = OrchestratorStorageContext(publisher: publisher, retention: Outbox.Retention(), logger: logger)
+            try await database.withStorage(context) { storage in
+                let (_, work) = AsyncStream.makeStream(of: Work.self)
+                let engine = try Engine(
+                    configuration: OnboardingOrchestrator.Configuration(), bus: bus, storage: storage, logger: logger, work: work)
+                func commit(_ input: OnboardingStateMachine.Input) async throws {
+                    let batch = [Engine.Submission(inputs: [input])]
+                    switch engine.commits {
+                    case .onLoop(let sqlite): _ = try engine.decide(batch, in: sqlite)
+                    case .buffered(let store): _ = try await engine.decide(batch, in: store)
+                    }
+                }
+                try await commit(.signedIn(uid: "u1", isNewAccount: true, sessions: 1))
+                let first = try #require(try await storage.routeState(of: "u1").intent)
+                #expect(first.intent == .presentProfileSetup)
+                // As after a failed commit: the next one starts the machine again from the store.
+                engine.stale.store(true, ordering: .releasing)
+                try await commit(.signedIn(uid: "u1", isNewAccount: false, sessions: 2))
+                let state = try await storage.routeState(of: "u1")
+                #expect(state.intent == first, "the intent in force stays the one decided, repeated for the new session")
+                #expect(engine.machine.withLock { $0.isTracking("u1") })
+            }
+        }
+    }
+
     /// Runs `steps` on a fresh store of `database` (on PostgreSQL, the schema is emptied first).
     static func run(_ steps: [Int], on database: any OrchestratorDatabase) async throws -> [String] {
         let bus = InProcessBus()
