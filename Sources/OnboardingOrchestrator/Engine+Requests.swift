@@ -24,8 +24,9 @@ extension Engine {
             }
             dispatcher.onEventsAfter(database: sqlite.database)
         case .buffered:
-            dispatcher.on(CheckOnboarding.self, access: .session, replyUID: { $0.uid }) { [self] _, context in
-                try await check(uid: try context.requireUID())
+            // "Check me now" as on the bus's thread, in a task: one commit decides it.
+            dispatcher.on(CheckOnboarding.self, access: .open, replyUID: { $0.uid }) { [self] _, context in
+                try await check(context.message.header, sessions: sessions)
             }
             dispatcher.on(EventsAfter.self, access: .serviceWithoutUID) { [self] request, _ in
                 try await storage.events(after: request.sequence, limit: request.limit)
@@ -71,13 +72,25 @@ extension Engine {
         }
     }
 
-    /// "Check me now" for `uid`, whose session the dispatcher verified: answered once the check's
-    /// outcome has committed (the machine asks profile).
-    private func check(uid: String) async throws -> OnboardingStatus {
-        try await withCheckedThrowingContinuation { continuation in
+    /// "Check me now" on a shared store, as ``checkOnLoop(_:sessions:reply:)`` does it on the
+    /// bus's thread: the session is verified and, when the request names its `uid`, profile is
+    /// asked at the same time, so the check and its answer commit together; the reply follows
+    /// that commit.
+    private func check(_ header: EnvelopeHeader, sessions: any SessionVerifier) async throws -> OnboardingStatus {
+        guard let token = header.sessionToken, !token.isEmpty else { throw ServiceError.missingSessionToken }
+        let hint = header.uid.flatMap { $0.isEmpty ? nil : $0 }
+        async let asked: ProfileResult? = {
+            guard let hint else { return nil }
+            return try? await call(GetProfile(), to: configuration.profileRPC, uid: hint)
+        }()
+        let uid = try await sessions.uid(forSessionToken: token)
+        let profile = await asked
+        return try await withCheckedThrowingContinuation { continuation in
             let waiter = nextWaiter.wrappingAdd(1, ordering: .relaxed).newValue
             waiters.withLock { $0[waiter] = { continuation.resume(with: $0) } }
-            enqueue(Submission(inputs: [.checkRequested(uid: uid, waiter: waiter)]))
+            var submission = Submission(inputs: [.checkRequested(uid: uid, waiter: waiter)])
+            if uid == hint, let profile { submission.profiles[uid] = profile }
+            enqueue(submission)
         }
     }
 
