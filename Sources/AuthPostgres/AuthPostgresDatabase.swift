@@ -27,13 +27,10 @@ public struct AuthPostgresDatabase: AuthDatabase {
     public func withStorage<T: Sendable>(
         _ context: AuthStorageContext, _ body: @Sendable (any AuthStorage) async throws -> T
     ) async throws -> T {
-        let store = PostgresStore(
-            location: location, applicationName: "onboarding-auth", timeout: timeout, maxConnections: maxConnections,
-            logger: context.logger)
-        return try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await store.run() }
-            defer { group.cancelAll() }
-            try await store.migrate(try AuthPostgresStore.migrator(schema: location.schema))
+        try await PostgresStore.withMigrated(
+            location, applicationName: "onboarding-auth", timeout: timeout, maxConnections: maxConnections,
+            migrator: try AuthPostgresStore.migrator(schema: location.schema), logger: context.logger
+        ) { store in
             let storage = AuthPostgresStore(store: store, context: context)
             return try await withEventRetention(context.eventRetention, postgres: store) { try await body(storage) }
         }

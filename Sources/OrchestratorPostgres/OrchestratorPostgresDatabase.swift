@@ -53,14 +53,11 @@ public struct OrchestratorPostgresDatabase: OrchestratorDatabase {
     public func withStorage<T: Sendable>(
         _ context: OrchestratorStorageContext, _ body: @Sendable (any OrchestratorStorage) async throws -> T
     ) async throws -> T {
-        let store = PostgresStore(
-            location: location, applicationName: "onboarding-orchestrator", timeout: timeout, maxConnections: maxConnections,
-            logger: context.logger)
         let (leaseCheck, leasePatience) = (self.leaseCheck, self.leasePatience)
-        return try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await store.run() }
-            defer { group.cancelAll() }
-            try await store.migrate(try OrchestratorPostgresStore.migrator(schema: location.schema))
+        return try await PostgresStore.withMigrated(
+            location, applicationName: "onboarding-orchestrator", timeout: timeout, maxConnections: maxConnections,
+            migrator: try OrchestratorPostgresStore.migrator(schema: location.schema), logger: context.logger
+        ) { store in
             // The lead is held by a connection of its own for as long as this replica decides.
             return try await store.client.withConnection { connection in
                 let leadership = try await Leadership.take(

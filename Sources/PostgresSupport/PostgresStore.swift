@@ -60,7 +60,7 @@ public final class PostgresStore: Sendable {
     public var isClosed: Bool { closed.load(ordering: .acquiring) }
     private let closed = Atomic<Bool>(false)
     /// Opened when ``run()`` starts the pool (leasing a connection before warns).
-    private let started = Signal()
+    private let started = Latch()
 
     /// Applies `migrator`'s missing migrations (once ``run()`` has started the pool), waiting up
     /// to `patience` for the server to answer (a service and its database often start together).
@@ -267,26 +267,25 @@ public func withEventRetention<T: Sendable>(
     }, body)
 }
 
-/// Opens once; ``wait()`` returns once it has.
-private final class Signal: Sendable {
-    private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
-
-    func open() {
-        let waiters = state.withLock { state in
-            state.open = true
-            defer { state.waiters = [] }
-            return state.waiters
-        }
-        for waiter in waiters { waiter.resume() }
-    }
-
-    func wait() async {
-        await withCheckedContinuation { continuation in
-            let open = state.withLock { state in
-                if !state.open { state.waiters.append(continuation) }
-                return state.open
-            }
-            if open { continuation.resume() }
+extension PostgresStore {
+    /// Opens a pool to `location` for `applicationName`, brings its schema up to date with
+    /// `migrator`, runs `body` with the store, and shuts the pool once `body` has returned: a
+    /// service's PostgreSQL database for as long as it runs.
+    ///
+    /// - Throws: ``ServiceError`` `storeUnavailable` when the database cannot be reached or
+    ///   migrated; what `body` throws.
+    public static func withMigrated<T: Sendable>(
+        _ location: PostgresLocation, applicationName: String, timeout: Duration, maxConnections: Int,
+        migrator: PostgresMigrator, logger: Logger, _ body: (PostgresStore) async throws -> T
+    ) async throws -> T {
+        let store = PostgresStore(
+            location: location, applicationName: applicationName, timeout: timeout, maxConnections: maxConnections,
+            logger: logger)
+        return try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await store.run() }
+            defer { group.cancelAll() }
+            try await store.migrate(migrator)
+            return try await body(store)
         }
     }
 }

@@ -40,18 +40,18 @@ public struct ProfilePostgresDatabase: ProfileDatabase {
     public func withStorage<T: Sendable>(
         _ context: ProfileStorageContext, _ body: @Sendable (any ProfileStorage) async throws -> T
     ) async throws -> T {
-        let store = PostgresStore(
-            location: location, applicationName: "onboarding-profile", timeout: timeout, maxConnections: maxConnections,
-            logger: context.logger)
         // Nothing is cached until this replica hears of the others' changes.
         context.cache.isTracking = false
-        return try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await store.run() }
-            defer { group.cancelAll() }
-            try await store.migrate(try ProfilePostgresStore.migrator(schema: location.schema))
+        return try await PostgresStore.withMigrated(
+            location, applicationName: "onboarding-profile", timeout: timeout, maxConnections: maxConnections,
+            migrator: try ProfilePostgresStore.migrator(schema: location.schema), logger: context.logger
+        ) { store in
             let storage = ProfilePostgresStore(store: store, context: context)
-            group.addTask { await storage.followChanges() }
-            return try await withEventRetention(context.eventRetention, postgres: store) { try await body(storage) }
+            return try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { await storage.followChanges() }
+                defer { group.cancelAll() }
+                return try await withEventRetention(context.eventRetention, postgres: store) { try await body(storage) }
+            }
         }
     }
 }

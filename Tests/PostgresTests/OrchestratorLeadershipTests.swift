@@ -148,32 +148,6 @@ private func withClient<T: Sendable>(of location: PostgresLocation, _ body: (Pos
     }
 }
 
-/// Opens once; waiters wait until it has.
-final class Latch: Sendable {
-    private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
-
-    var isOpen: Bool { state.withLock { $0.open } }
-
-    func open() {
-        let waiters = state.withLock { state in
-            state.open = true
-            defer { state.waiters = [] }
-            return state.waiters
-        }
-        for waiter in waiters { waiter.resume() }
-    }
-
-    func wait() async {
-        await withCheckedContinuation { continuation in
-            let open = state.withLock { state in
-                if !state.open { state.waiters.append(continuation) }
-                return state.open
-            }
-            if open { continuation.resume() }
-        }
-    }
-}
-
 /// Log messages of notice and above, to wait for one.
 final class CapturedLog: Sendable {
     private let messages = Mutex<[String]>([])

@@ -38,7 +38,8 @@ extension ProfileServiceTests {
                 // Every listener of this schema is cut off; then a change is made that none hears.
                 try await terminateListeners(of: location)
                 _ = try await first.call(CreateProfile(username: "mina"), uid: "u1")
-                #expect(try await eventually { try await second.call(GetProfile(), uid: "u1").profile } != nil)
+                let seen = try await eventually { try await second.call(GetProfile(), uid: "u1").profile }
+                #expect(seen.username == "mina")
                 // Listening again: the next change is heard.
                 _ = try await first.call(UpdateProfile(username: "sora"), uid: "u1")
                 #expect(try await eventually { try await second.call(GetProfile(), uid: "u1").profile?.username == "sora" ? true : nil })
