@@ -104,20 +104,16 @@ public struct SQLiteAuthDatabase: AuthDatabase {
     public func withStorage<T: Sendable>(
         _ context: AuthStorageContext, _ body: @Sendable (any AuthStorage) async throws -> T
     ) async throws -> T {
-        let path = self.path
         let logger = context.logger
-        let database = try await ServiceDatabase.offPool {
+        return try await withSQLiteStore(path: path, retention: context.eventRetention, logger: logger, open: { path in
             let database = try ServiceDatabase.open(path: path)
             try AuthStore.migrator.migrate(database)
             return database
-        }
-        return try await ServiceDatabase.closing(database, logger: logger) {
+        }) { database in
             let store = AuthStore(
                 database: database, outbox: Outbox(source: ServiceName.auth, publisher: context.publisher), logger: logger,
                 clock: context.clock, sessions: context.sessions)
-            return try await withEventRetention(context.eventRetention, database: database, logger: logger) {
-                try await withCheckpoints(path: path, writer: database, logger: logger) { try await body(store) }
-            }
+            return try await body(store)
         }
     }
 }

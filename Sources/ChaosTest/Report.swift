@@ -35,9 +35,18 @@ public enum Report {
               faults: \(faultPlan(configuration.faults))
               auth \(endpoints.authRPC)  profile \(endpoints.profileRPC)  image-upload \(endpoints.imageRPC)
               orchestrator \(endpoints.orchestratorRPC)  routes \(endpoints.routes)
-              stores \(configuration.stores.authDatabase), \(configuration.stores.profileDatabase), \(configuration.stores.imageDirectory)/
+              stores \(stores(configuration.stores))
               pid files \(configuration.runDirectory)/<service>.pid
             """
+    }
+
+    /// Where auth's and profile's stores and the images are, as the inspector reads them.
+    static func stores(_ stores: StoreLocations) -> String {
+        [
+            stores.authPostgres.map { "auth in \($0)" } ?? stores.authDatabase,
+            stores.profilePostgres.map { "profile in \($0)" } ?? stores.profileDatabase,
+            stores.imageDirectory + "/",
+        ].joined(separator: ", ")
     }
 
     /// The summary rows of the faults that happened.

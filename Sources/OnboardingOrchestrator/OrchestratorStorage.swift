@@ -101,16 +101,14 @@ public struct SQLiteOrchestratorDatabase: OrchestratorDatabase {
     public func withStorage<T: Sendable>(
         _ context: OrchestratorStorageContext, _ body: @Sendable (any OrchestratorStorage) async throws -> T
     ) async throws -> T {
-        let path = self.path
         let logger = context.logger
-        let database = try await ServiceDatabase.offPool { try OrchestratorStore.openDatabase(path: path) }
-        return try await ServiceDatabase.closing(database, logger: logger) {
+        return try await withSQLiteStore(
+            path: path, retention: context.retention, logger: logger, open: { try OrchestratorStore.openDatabase(path: $0) }
+        ) { database in
             let storage = SQLiteOrchestratorStorage(
                 database: database, outbox: Outbox(source: ServiceName.orchestrator, publisher: context.publisher),
                 logger: logger)
-            return try await withCheckpoints(path: path, writer: database, logger: logger) {
-                try await withEventRetention(context.retention, database: database, logger: logger) { try await body(storage) }
-            }
+            return try await body(storage)
         }
     }
 }

@@ -135,18 +135,16 @@ public struct SQLiteProfileDatabase: ProfileDatabase {
     public func withStorage<T: Sendable>(
         _ context: ProfileStorageContext, _ body: @Sendable (any ProfileStorage) async throws -> T
     ) async throws -> T {
-        let path = self.path
         let (logger, cache) = (context.logger, context.cache)
-        let writer = try await ServiceDatabase.offPool { try ProfileStore.openDatabase(path: path) }
-        return try await ServiceDatabase.closing(writer, logger: logger) {
+        return try await withSQLiteStore(
+            path: path, retention: context.eventRetention, logger: logger, open: { try ProfileStore.openDatabase(path: $0) }
+        ) { writer in
             let store = ProfileStore(
                 writer: writer, outbox: Outbox(source: ServiceName.profile, publisher: context.publisher), logger: logger,
                 afterCommit: { uid, profile, sequence in
                     if let profile { cache.store(profile, sequence: sequence) } else { cache.remove(uid) }
                 })
-            return try await withEventRetention(context.eventRetention, database: writer, logger: logger) {
-                try await withCheckpoints(path: path, writer: writer, logger: logger) { try await body(store) }
-            }
+            return try await body(store)
         }
     }
 }

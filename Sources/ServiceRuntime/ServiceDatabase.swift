@@ -294,3 +294,22 @@ public func withCheckpoints<T: Sendable>(
     await stopped
     return result
 }
+
+/// A service's SQLite store for as long as it runs: opens the database at `path` (`nil`: in
+/// memory) with `open` (which also migrates it) off the cooperative pool, runs `body` with it while
+/// old events are pruned to `retention` and the write-ahead log is checkpointed in the
+/// background, and closes it once `body` has returned or thrown.
+///
+/// - Throws: what `open` or `body` throw.
+public func withSQLiteStore<T: Sendable>(
+    path: String?, retention: Outbox.Retention, logger: Logger,
+    open: @escaping @Sendable (String?) throws -> any DatabaseWriter,
+    _ body: (any DatabaseWriter) async throws -> T
+) async throws -> T {
+    let database = try await ServiceDatabase.offPool { try open(path) }
+    return try await ServiceDatabase.closing(database, logger: logger) {
+        try await withEventRetention(retention, database: database, logger: logger) {
+            try await withCheckpoints(path: path, writer: database, logger: logger) { try await body(database) }
+        }
+    }
+}
