@@ -126,14 +126,15 @@ public struct OnboardingOrchestrator: Service {
         dispatcher.feedStatistics = { feeds.map { $0.1.statistics } }
         let server = RequestServer(
             bus: bus, endpoint: configuration.rpc,
-            // Set-up requests may carry images: few wait and few run at once, so what is held in
-            // memory stays bounded ((16 + 32) × twice the image limit).
+            // Set-up requests may carry images: few wait and few of them run at once, so what is
+            // held in memory stays bounded ((16 + 32) × twice the image limit). Checks, which wait
+            // for a commit, are not held to the images' limit.
             limits: MessageLimits(
                 maxEnvelopeBytes: 64 * 1024,
                 maxAttachmentBytes: configuration.maxImageBytes.multipliedReportingOverflow(by: 2).overflow
                     ? .max : configuration.maxImageBytes * 2,
                 queueLimit: 16),
-            dispatcher: dispatcher, logger: logger, maxInFlight: 32)
+            dispatcher: dispatcher, logger: logger, maxAttachmentsInFlight: 32)
 
         // What the engine accepted before it stopped taking inputs commits on the bus's thread,
         // behind the jobs queued there: wait for that before the publisher closes (its route

@@ -9,8 +9,10 @@ import Synchronization
 ///   (``RequestDispatcher/onLoop(_:access:database:writes:attachment:replyUID:_:)``, the hot
 ///   path) are read, committed together and answered on that thread.
 /// - Every other request is handled in a child task, so a slow handler does not hold up the
-///   others; at most ``maxInFlight`` run at once. Beyond that they wait in a queue of
-///   ``MessageLimits/queueLimit``; when it is full the newest are answered with `overloaded`.
+///   others; at most ``maxInFlight`` run at once, and of those at most
+///   ``maxAttachmentsInFlight`` carry a binary frame (each holds its bytes until answered).
+///   Beyond that they wait in a queue of ``MessageLimits/queueLimit``; when it is full the newest
+///   are answered with `overloaded`.
 /// - On graceful shutdown it takes no new work: requests that still arrive are answered with
 ///   `shuttingDown`. Once every request in flight has been answered, it unbinds the endpoint and
 ///   returns, so no reply is lost and nobody waits for one that will not come.
@@ -21,10 +23,13 @@ public struct RequestServer: Service {
     public let dispatcher: RequestDispatcher
     public let logger: Logger
     public let maxInFlight: Int
+    /// How many of the requests in flight may carry a binary frame; `nil`: as many as
+    /// ``maxInFlight``. What the frames hold in memory is bounded by this, not by cheap requests.
+    public let maxAttachmentsInFlight: Int?
 
     public init(
         bus: any MessageBus, endpoint: Endpoint, limits: MessageLimits = MessageLimits(),
-        dispatcher: RequestDispatcher, logger: Logger, maxInFlight: Int = 1024
+        dispatcher: RequestDispatcher, logger: Logger, maxInFlight: Int = 1024, maxAttachmentsInFlight: Int? = nil
     ) {
         self.bus = bus
         self.endpoint = endpoint
@@ -32,6 +37,7 @@ public struct RequestServer: Service {
         self.dispatcher = dispatcher
         self.logger = logger
         self.maxInFlight = max(1, maxInFlight)
+        self.maxAttachmentsInFlight = maxAttachmentsInFlight.map { max(1, $0) }
     }
 
     private struct Drained: Error {}
@@ -39,6 +45,7 @@ public struct RequestServer: Service {
     public func run() async throws {
         let (bus, dispatcher, source) = (self.bus, self.dispatcher, self.dispatcher.source)
         let work = InFlight(limit: maxInFlight)
+        let attachments = maxAttachmentsInFlight.map(Slots.init(limit:))
         let counts = RefusalCounts()
         let (requests, intake) = AsyncStream.makeStream(
             of: IncomingRequest.self, bufferingPolicy: .bufferingOldest(limits.queueLimit))
@@ -89,8 +96,13 @@ public struct RequestServer: Service {
                                     request.fail(shuttingDown, source: source)
                                     continue
                                 }
+                                // Waited for here, not in the handler: a request waiting for room
+                                // already holds its bytes, so it waits in the bounded queue.
+                                let slots = request.message.attachment == nil ? nil : attachments
+                                await slots?.acquire()
                                 handlers.addTask {
                                     await dispatcher.handle(request, statistics: statistics())
+                                    slots?.release()
                                     work.release()
                                 }
                             }
@@ -109,6 +121,42 @@ public struct RequestServer: Service {
             // Every request in flight was answered.
         }
         logger.info("\(source) stopped taking requests at \(endpoint)")
+    }
+}
+
+/// A counting semaphore for tasks: ``acquire()`` waits while `limit` holders have not released.
+///
+/// Thread safety: all state behind one mutex; continuations are resumed outside it.
+final class Slots: Sendable {
+    private let limit: Int
+    private let state = Mutex<(taken: Int, waiting: [CheckedContinuation<Void, Never>])>((0, []))
+
+    init(limit: Int) {
+        self.limit = limit
+    }
+
+    func acquire() async {
+        await withCheckedContinuation { continuation in
+            let admitted = state.withLock { state in
+                guard state.taken < limit else {
+                    state.waiting.append(continuation)
+                    return false
+                }
+                state.taken += 1
+                return true
+            }
+            if admitted { continuation.resume() }
+        }
+    }
+
+    func release() {
+        let next = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            // The slot passes straight to the next waiter.
+            guard state.waiting.isEmpty else { return state.waiting.removeFirst() }
+            state.taken -= 1
+            return nil
+        }
+        next?.resume()
     }
 }
 

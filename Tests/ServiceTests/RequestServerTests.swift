@@ -81,21 +81,21 @@ struct RequestServerTests {
     let bus = InProcessBus()
     let endpoint: Endpoint = "inproc://server-under-test"
 
-    func server(gate: Gate, maxInFlight: Int, queueLimit: Int) -> RequestServer {
+    func server(gate: Gate, maxInFlight: Int, queueLimit: Int, maxAttachmentsInFlight: Int? = nil) -> RequestServer {
         var dispatcher = RequestDispatcher(source: "test-server", sessions: nil, serviceToken: nil, logger: quietLogger)
-        dispatcher.on(Hold.self, access: .open) { _, _ in
+        dispatcher.on(Hold.self, access: .open, attachment: .optional) { _, _ in
             await gate.pass()
             return Acknowledged()
         }
         dispatcher.on(Quick.self, access: .open) { _, _ in Acknowledged() }
         return RequestServer(
-            bus: bus, endpoint: endpoint, limits: MessageLimits(queueLimit: queueLimit), dispatcher: dispatcher,
-            logger: quietLogger, maxInFlight: maxInFlight)
+            bus: bus, endpoint: endpoint, limits: MessageLimits(maxAttachmentBytes: 1024, queueLimit: queueLimit), dispatcher: dispatcher,
+            logger: quietLogger, maxInFlight: maxInFlight, maxAttachmentsInFlight: maxAttachmentsInFlight)
     }
 
-    func call<R: APIRequest>(_ request: R) async -> ErrorCode? {
+    func call<R: APIRequest>(_ request: R, attachment: Data? = nil) async -> ErrorCode? {
         do {
-            _ = try await bus.call(request, to: endpoint, source: "test", timeout: .seconds(10))
+            _ = try await bus.call(request, to: endpoint, source: "test", attachment: attachment, timeout: .seconds(10))
             return nil
         } catch let error as ServiceError {
             return error.code
@@ -125,6 +125,45 @@ struct RequestServerTests {
                 return outcomes
             }
             #expect(gate.mostAtOnce == 1)
+            #expect(outcomes.filter { $0 == .overloaded }.count >= 3, "\(outcomes)")
+            #expect(outcomes.allSatisfy { $0 == nil || $0 == .overloaded }, "\(outcomes)")
+            await group.triggerGracefulShutdown()
+            try await tasks.waitForAll()
+        }
+    }
+
+    @Test("requests with a binary frame are held to their own limit; the others run beyond it", .timeLimit(.minutes(1)))
+    func attachmentLimit() async throws {
+        let gate = Gate()
+        let group = ServiceGroup(
+            services: [server(gate: gate, maxInFlight: 8, queueLimit: 1, maxAttachmentsInFlight: 1)], logger: quietLogger)
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            tasks.addTask { try await group.run() }
+            try await bus.waitUntilAnswering(endpoint, source: "test")
+            // Four without a frame run at once, though only one with a frame may.
+            let light = await withTaskGroup(of: ErrorCode?.self) { calls in
+                // One at a time: the queue holds one.
+                for held in 1...4 {
+                    calls.addTask { await call(Hold()) }
+                    await gate.waitUntilHolding(held)
+                }
+                gate.releaseAll()
+                return await calls.reduce(into: [ErrorCode?]()) { $0.append($1) }
+            }
+            #expect(light.allSatisfy { $0 == nil }, "\(light)")
+            #expect(gate.mostAtOnce == 4)
+            // With frames: one runs, one waits for its slot, one in the queue, the rest refused.
+            let outcomes = await withTaskGroup(of: ErrorCode?.self) { calls in
+                calls.addTask { await call(Hold(), attachment: Data([1])) }
+                await gate.waitUntilHolding(1)
+                for _ in 0..<5 { calls.addTask { await call(Hold(), attachment: Data([1])) } }
+                var outcomes: [ErrorCode?] = []
+                for await outcome in calls {
+                    outcomes.append(outcome)
+                    if outcomes.filter({ $0 == .overloaded }).count >= 3 { gate.open() }
+                }
+                return outcomes
+            }
             #expect(outcomes.filter { $0 == .overloaded }.count >= 3, "\(outcomes)")
             #expect(outcomes.allSatisfy { $0 == nil || $0 == .overloaded }, "\(outcomes)")
             await group.triggerGracefulShutdown()
