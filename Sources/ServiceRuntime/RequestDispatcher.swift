@@ -125,6 +125,10 @@ public struct RequestDispatcher: Sendable {
                 incoming.reply(type: Request.replyType, source: source, payload: response, uid: replyUID?(response) ?? uid)
             } catch let error as ServiceError {
                 incoming.fail(error, source: source)
+            } catch is CancellationError {
+                // The service is stopping under the handler (an orchestrator that lost its lead,
+                // say): the caller tries again, and reaches it or its successor.
+                incoming.fail(ServiceError(.shuttingDown, "\(source) stopped before it answered \(Request.type); try again."), source: source)
             } catch {
                 logger.error("\(Request.type) failed: \(error)", metadata: ["id": "\(incoming.message.header.id)"])
                 incoming.fail(ServiceError(.internalError, "\(Request.type) failed inside \(source); see its log."), source: source)
