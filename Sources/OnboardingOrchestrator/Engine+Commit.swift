@@ -46,6 +46,7 @@ extension Engine {
     }
 
     /// A shared store: applies `batch` to the machine and stores the outcome in one transaction.
+    /// When it throws, the machine may have moved on: the caller marks it stale (``commit(_:in:)``).
     /// - Returns: the actions to carry out now that it has committed.
     func decide(_ batch: [Submission], in store: any BufferedDecisionStore) async throws -> [OnboardingStateMachine.Action] {
         // Commits take turns, and only a failed one marks the machine stale: this holds until `apply`.
@@ -60,13 +61,7 @@ extension Engine {
             return Array(uids)
         }
         return try await store.commit(reading: unknown, restarting: restarting) { [self] buffer in
-            do {
-                return try machine.withLock { machine in try apply(batch, to: &machine, in: &buffer) }
-            } catch {
-                // The machine may have moved on before the failure: it starts again from the store.
-                stale.store(true, ordering: .releasing)
-                throw error
-            }
+            try machine.withLock { machine in try apply(batch, to: &machine, in: &buffer) }
         }
     }
 

@@ -310,8 +310,8 @@ final class ProfilePostgresStore: ProfileStorage {
     /// Evicts what a notification (`<sequence> <uid>`) made stale.
     private func apply(_ payload: String) {
         guard let space = payload.firstIndex(of: " "), let sequence = UInt64(payload[..<space]) else {
-            cache.isTracking = false
-            cache.isTracking = true
+            // Not a notice this version writes: whatever it was about may be stale.
+            cache.removeAll()
             return
         }
         cache.remove(String(payload[payload.index(after: space)...]), olderThan: sequence)

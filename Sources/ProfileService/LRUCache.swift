@@ -66,6 +66,11 @@ struct LRUCache<Key: Hashable, Value> {
     }
 
     /// Forgets `key`.
+    /// The value for `key`, leaving its recency as it is.
+    func peek(_ key: Key) -> Value? {
+        slots[key].map { nodes[$0].value }
+    }
+
     mutating func removeValue(for key: Key) {
         if let slot = slots[key] { remove(slot: slot) }
     }

@@ -97,7 +97,7 @@ public final class ProfileCache: Sendable {
     public func remove(_ uid: String, olderThan sequence: UInt64) {
         state.withLock { state in
             state.changes &+= 1
-            if let cached = state.entries.value(for: uid), (cached.asOfSequence ?? 0) >= sequence { return }
+            if let cached = state.entries.peek(uid), (cached.asOfSequence ?? 0) >= sequence { return }
             state.entries.removeValue(for: uid)
         }
     }
@@ -108,12 +108,20 @@ public final class ProfileCache: Sendable {
     public var isTracking: Bool {
         get { state.withLock { $0.isTracking } }
         set {
-            let capacity = self.capacity
             state.withLock { state in
-                state.changes &+= 1
                 state.isTracking = newValue
-                state.entries = LRUCache(capacity: capacity)
+                Self.forgetAll(&state, capacity: capacity)
             }
         }
+    }
+
+    /// Forgets every answer (fills under way are dropped too).
+    public func removeAll() {
+        state.withLock { state in Self.forgetAll(&state, capacity: capacity) }
+    }
+
+    private static func forgetAll(_ state: inout State, capacity: Int) {
+        state.changes &+= 1
+        state.entries = LRUCache(capacity: capacity)
     }
 }
