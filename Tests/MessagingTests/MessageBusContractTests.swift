@@ -13,7 +13,9 @@ struct MessageBusContractTests {
         try await withHarness(kind) { buses in
             let (endpoint, _) = try await buses.startServer(limits: MessageLimits(maxAttachmentBytes: 1024), handler: echoHandler)
             let request = try echoRequest("hello", number: 7, attachment: Data([1, 2, 3, 0, 255]))
-            let reply = try await buses.client.request(request, to: endpoint, timeout: .seconds(5))
+            // A generous timeout: this test is about the reply, not its speed, and a CI run once
+            // took over 5 s to answer it while the whole suite started at once on two cores.
+            let reply = try await buses.client.request(request, to: endpoint, timeout: .seconds(30))
 
             #expect(reply.header.type == "test.echoed")
             #expect(reply.header.correlationId == (try Message(body: request.body).header.id))
@@ -156,7 +158,7 @@ struct MessageBusContractTests {
                 await echoHandler(request)
             }
             let request = try bad.message()
-            let reply = try await buses.client.request(request, to: endpoint, timeout: .seconds(5))
+            let reply = try await buses.client.request(request, to: endpoint, timeout: .seconds(30))
             #expect(reply.serviceError?.code == bad.expected)
             #expect(reply.header.source == "bus")
             let sentID = (try? JSONSerialization.jsonObject(with: request.body) as? [String: Any])?["id"] as? String
@@ -216,7 +218,7 @@ struct MessageBusContractTests {
     func unbind(kind: BusKind) async throws {
         try await withHarness(kind) { buses in
             let (endpoint, server) = try await buses.startServer(handler: echoHandler)
-            _ = try await buses.client.request(try echoRequest("first"), to: endpoint, timeout: .seconds(5))
+            _ = try await buses.client.request(try echoRequest("first"), to: endpoint, timeout: .seconds(30))
             server.cancel()
             await server.value
 
@@ -287,7 +289,7 @@ struct MessageBusContractTests {
             let limits = MessageLimits(maxEnvelopeBytes: .max, maxAttachmentBytes: .max, queueLimit: 16)
             let (endpoint, _) = try await buses.startServer(limits: limits, handler: echoHandler)
             let reply = try await buses.client.request(
-                try echoRequest("big limits", attachment: Data([7])), to: endpoint, timeout: .seconds(5))
+                try echoRequest("big limits", attachment: Data([7])), to: endpoint, timeout: .seconds(30))
             #expect(reply.attachment == Data([7]))
 
             let publisher = try await buses.bindPublisher()
