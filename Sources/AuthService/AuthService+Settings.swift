@@ -16,8 +16,8 @@ extension AuthService.Configuration {
             try settings.optionalInteger(.sessionLifetimeSeconds).map(TimeInterval.init)
             ?? TimeInterval(try settings.integer(.sessionLifetimeDays)) * 86_400
         self.init(
-            rpc: try settings.endpoint(.authRPC),
-            events: try settings.endpoint(.authEvents),
+            rpc: try settings.bindEndpoint(.rpcBind, of: .authRPC),
+            events: try settings.bindEndpoint(.eventsBind, of: .authEvents),
             databasePath: settings.databasePath(.authDatabase, name: "auth.sqlite"),
             devMode: try settings.toggle(.authDevMode),
             serviceToken: try settings.serviceToken(create: true),

@@ -8,7 +8,7 @@ extension ImageUploadService.Configuration {
     /// - Throws: ``SettingError`` naming a setting that cannot work.
     public init(_ settings: Settings) throws {
         self.init(
-            rpc: try settings.endpoint(.imageRPC),
+            rpc: try settings.bindEndpoint(.rpcBind, of: .imageRPC),
             directory: settings.path(.imageDir, derived: settings.dataDirectory + "/images"),
             maxImageBytes: try settings.integer(.maxImageBytes),
             imageLimits: ImageLimits(

@@ -37,10 +37,22 @@ public final class InProcessBus: MessageBus {
         var subscribers: [Endpoint: [UInt64: Subscriber]] = [:]
         var servers: [Endpoint: Server] = [:]
         var statistics = BusStatistics()
+        /// Turns for requests to endpoints that list replicas.
+        var nextReplica = 0
 
         mutating func makeID() -> UInt64 {
             nextID += 1
             return nextID
+        }
+
+        /// The server a request to `endpoint` goes to: for a list, the next bound replica in turn
+        /// (as ZeroMQ's DEALER takes its connected peers in turn).
+        mutating func server(for endpoint: Endpoint) -> Server? {
+            guard endpoint.isList else { return servers[endpoint] }
+            let bound = endpoint.replicas.compactMap { servers[$0] }
+            guard !bound.isEmpty else { return nil }
+            nextReplica &+= 1
+            return bound[nextReplica % bound.count]
         }
     }
 
@@ -72,6 +84,7 @@ public final class InProcessBus: MessageBus {
     // MARK: Events
 
     public func publisher(at endpoint: Endpoint) async throws -> any EventPublisher {
+        guard !endpoint.isList else { throw ServiceError.cannotBindList(endpoint) }
         try state.withLock { state in
             guard state.publishers.insert(endpoint).inserted else {
                 throw ServiceError(.addressInUse, "A publisher is already bound at \(endpoint).")
@@ -93,6 +106,7 @@ public final class InProcessBus: MessageBus {
     /// - Returns: what removes it again, also before it has joined.
     private func join(_ endpoints: [Endpoint], _ subscriber: Subscriber) -> @Sendable () -> Void {
         let id = state.withLock { $0.makeID() }
+        let endpoints = endpoints.flatMap(\.replicas)
         let ended = Flag()
         let join: @Sendable () -> Void = { [weak self] in
             self?.state.withLock { state in
@@ -191,6 +205,7 @@ public final class InProcessBus: MessageBus {
     public func serve(at endpoint: Endpoint, limits: MessageLimits) async throws -> AsyncStream<IncomingRequest> {
         let (stream, continuation) = AsyncStream.makeStream(
             of: IncomingRequest.self, bufferingPolicy: .bufferingOldest(limits.queueLimit))
+        guard !endpoint.isList else { throw ServiceError.cannotBindList(endpoint) }
         let id = try state.withLock { state in
             guard state.servers[endpoint] == nil else {
                 throw ServiceError(.addressInUse, "A server is already bound at \(endpoint).")
@@ -208,7 +223,7 @@ public final class InProcessBus: MessageBus {
     }
 
     public func request(_ outgoing: OutgoingMessage, to endpoint: Endpoint, timeout: Duration) async throws -> Message {
-        guard let server = state.withLock({ $0.servers[endpoint] }) else {
+        guard let server = state.withLock({ $0.server(for: endpoint) }) else {
             throw ServiceError(.noResponder, "Nothing answers at \(endpoint). Is the service running?")
         }
         let pending = ReplyWaiter()
@@ -234,6 +249,7 @@ public final class InProcessBus: MessageBus {
     public func serve(
         at endpoint: Endpoint, limits: MessageLimits, onLoop handler: @escaping @Sendable ([RawRequest]) -> Void
     ) async throws -> any BusLoopRegistration {
+        guard !endpoint.isList else { throw ServiceError.cannotBindList(endpoint) }
         let id = try state.withLock { state in
             guard state.servers[endpoint] == nil else {
                 throw ServiceError(.addressInUse, "A server is already bound at \(endpoint).")

@@ -2,6 +2,10 @@ import Foundation
 
 /// Where a socket binds or connects, such as `tcp://127.0.0.1:7101`.
 ///
+/// An endpoint to connect to may name several replicas of one service, separated by commas
+/// (`tcp://10.0.0.1:7101,tcp://10.0.0.2:7101`): a request goes to one replica that is
+/// connected, and a subscription hears every replica's events. A socket binds one address.
+///
 /// The in-process bus uses the same strings as names, so configuration is the same for both.
 public struct Endpoint: RawRepresentable, Hashable, Sendable, ExpressibleByStringLiteral,
     CustomStringConvertible
@@ -11,6 +15,29 @@ public struct Endpoint: RawRepresentable, Hashable, Sendable, ExpressibleByStrin
     public init(_ rawValue: String) { self.rawValue = rawValue }
     public init(stringLiteral value: String) { self.rawValue = value }
     public var description: String { rawValue }
+
+    /// One endpoint naming every replica in `replicas`.
+    public init(replicas: [Endpoint]) {
+        self.rawValue = replicas.map(\.rawValue).joined(separator: ",")
+    }
+
+    /// The addresses this endpoint names: itself, or each replica of a list.
+    public var replicas: [Endpoint] {
+        guard rawValue.contains(",") else { return [self] }
+        return rawValue.split(separator: ",").map { Endpoint(String($0.trimmingCharacters(in: .whitespaces))) }
+    }
+
+    /// Whether this endpoint names more than one replica (it can be connected to, not bound).
+    public var isList: Bool { rawValue.contains(",") }
+}
+
+extension ServiceError {
+    /// The error for binding an endpoint that lists replicas.
+    public static func cannotBindList(_ endpoint: Endpoint) -> ServiceError {
+        ServiceError(
+            .invalidEndpoint,
+            "\(endpoint) lists several replicas: a process binds one address of them (its rpc.bind or events.bind setting).")
+    }
 }
 
 /// Size limits for what an endpoint accepts.

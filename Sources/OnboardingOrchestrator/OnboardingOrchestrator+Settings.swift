@@ -8,8 +8,8 @@ extension OnboardingOrchestrator.Configuration {
     /// - Throws: ``SettingError`` naming a setting that cannot work.
     public init(_ settings: Settings) throws {
         self.init(
-            rpc: try settings.endpoint(.orchestratorRPC),
-            routes: try settings.endpoint(.routes),
+            rpc: try settings.bindEndpoint(.rpcBind, of: .orchestratorRPC),
+            routes: try settings.bindEndpoint(.eventsBind, of: .routes),
             authRPC: try settings.endpoint(.authRPC),
             authEvents: try settings.endpoint(.authEvents),
             profileRPC: try settings.endpoint(.profileRPC),

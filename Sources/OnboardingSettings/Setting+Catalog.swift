@@ -3,33 +3,41 @@ extension Setting {
     // MARK: Endpoints
 
     public static let authRPC = Setting(
-        "auth.rpc", .endpoint, default: .value("tcp://127.0.0.1:7101"),
-        "auth's request endpoint (auth binds it; the others connect)",
+        "auth.rpc", .endpoints, default: .value("tcp://127.0.0.1:7101"),
+        "auth's request endpoint, one per replica (auth binds its own, see rpc.bind; the others connect to every one)",
         group: .endpoints, programs: [.auth, .profile, .orchestrator, .gateway, .tap, .client, .chaos, .bench])
     public static let authEvents = Setting(
-        "auth.events", .endpoint, default: .value("tcp://127.0.0.1:7102"),
-        "auth's event publisher (auth binds it; the orchestrator connects)",
+        "auth.events", .endpoints, default: .value("tcp://127.0.0.1:7102"),
+        "auth's event publisher, one per replica (see events.bind; the orchestrator connects to every one)",
         group: .endpoints, programs: [.auth, .orchestrator])
     public static let profileRPC = Setting(
-        "profile.rpc", .endpoint, default: .value("tcp://127.0.0.1:7201"),
-        "profile's request endpoint",
+        "profile.rpc", .endpoints, default: .value("tcp://127.0.0.1:7201"),
+        "profile's request endpoint, one per replica",
         group: .endpoints, programs: [.profile, .orchestrator, .gateway, .tap, .client, .chaos, .bench])
     public static let profileEvents = Setting(
-        "profile.events", .endpoint, default: .value("tcp://127.0.0.1:7202"),
-        "profile's event publisher",
+        "profile.events", .endpoints, default: .value("tcp://127.0.0.1:7202"),
+        "profile's event publisher, one per replica",
         group: .endpoints, programs: [.profile, .orchestrator])
     public static let imageRPC = Setting(
-        "image.rpc", .endpoint, default: .value("tcp://127.0.0.1:7301"),
-        "image-upload's request endpoint",
+        "image.rpc", .endpoints, default: .value("tcp://127.0.0.1:7301"),
+        "image-upload's request endpoint, one per replica",
         group: .endpoints, programs: [.imageUpload, .orchestrator, .tap, .client, .chaos, .bench])
     public static let orchestratorRPC = Setting(
-        "orchestrator.rpc", .endpoint, default: .value("tcp://127.0.0.1:7401"),
-        "the orchestrator's request endpoint",
+        "orchestrator.rpc", .endpoints, default: .value("tcp://127.0.0.1:7401"),
+        "the orchestrator's request endpoint, one per replica (only the one that leads binds it)",
         group: .endpoints, programs: [.orchestrator, .gateway, .tap, .client, .chaos, .bench])
     public static let routes = Setting(
-        "routes", .endpoint, default: .value("tcp://127.0.0.1:7402"),
-        "the orchestrator's route-intent publisher",
+        "routes", .endpoints, default: .value("tcp://127.0.0.1:7402"),
+        "the orchestrator's route-intent publisher, one per replica",
         group: .endpoints, programs: [.orchestrator, .gateway, .tap, .client, .chaos, .bench])
+    public static let rpcBind = Setting(
+        "rpc.bind", .endpoint, default: .derived("the service's own request endpoint, when it lists one"),
+        "the address this replica binds for requests: one of its service's list, or the same port on tcp://* or an interface's IP",
+        group: .endpoints, programs: [.auth, .profile, .imageUpload, .orchestrator])
+    public static let eventsBind = Setting(
+        "events.bind", .endpoint, default: .derived("the service's own event publisher, when it lists one"),
+        "the address this replica binds its event (or route-intent) publisher at, as rpc.bind",
+        group: .endpoints, programs: [.auth, .profile, .orchestrator])
     public static let gatewayHTTP = Setting(
         "gateway.http", .httpAddress, default: .value("http://127.0.0.1:8080"),
         "where the gateway listens for apps (plain HTTP: TLS is for the proxy in front of it)",
@@ -270,7 +278,7 @@ extension Setting {
 
     /// Every setting, in the order help and the README list them.
     public static let all: [Setting] = [
-        authRPC, authEvents, profileRPC, profileEvents, imageRPC, orchestratorRPC, routes, gatewayHTTP,
+        authRPC, authEvents, profileRPC, profileEvents, imageRPC, orchestratorRPC, routes, rpcBind, eventsBind, gatewayHTTP,
         dataDir, authDatabase, profileDatabase, orchestratorDatabase, postgresURL, authPostgresSchema, profilePostgresSchema, orchestratorPostgresSchema, imageDir, eventRetentionHours, profileCacheCapacity,
         serviceToken, logLevel, exitWithParent,
         maxImageBytes, maxImagePixels, maxImageSide, imageDecodeThreads,

@@ -70,6 +70,7 @@ extension Setting {
     var placeholder: String {
         switch kind {
         case .endpoint: "endpoint"
+        case .endpoints: "endpoint,..."
         case .httpAddress: "http-address"
         case .path: "path"
         case .text: isSecret ? "secret" : "text"
@@ -92,7 +93,7 @@ extension Setting {
             for setting in settings {
                 var defaultCell = "`\(setting.defaultText)`"
                 if case .value = setting.defaultValue {} else { defaultCell = setting.defaultText }
-                if let allowed = setting.allowedText, ![.toggle, .path, .endpoint, .httpAddress].contains(setting.kind) {
+                if let allowed = setting.allowedText, ![.toggle, .path, .endpoint, .endpoints, .httpAddress].contains(setting.kind) {
                     defaultCell += " (\(allowed))"
                 }
                 let readers = setting.programs.sorted().map(\.shortName).joined(separator: ", ")
@@ -152,7 +153,7 @@ extension Settings {
     public func validate(for program: Program) throws {
         for setting in program.settings where raw(setting) != nil {
             switch setting.kind {
-            case .endpoint: _ = try endpoint(setting)
+            case .endpoint, .endpoints: _ = try endpoint(setting)
             case .httpAddress:
                 // One that is off unless set may also be set to off.
                 if case .unset = setting.defaultValue { _ = try optionalHTTPAddress(setting) } else { _ = try httpAddress(setting) }

@@ -24,6 +24,8 @@ public struct Setting: Sendable, Hashable, CustomStringConvertible {
     public enum Kind: Sendable, Hashable {
         /// A ZeroMQ endpoint: `tcp://host:port`, `ipc://path` or `inproc://name`.
         case endpoint
+        /// One ZeroMQ endpoint per replica of a service, comma-separated.
+        case endpoints
         /// `http://host:port`, where an HTTP server listens.
         case httpAddress
         /// A file or folder.
@@ -146,6 +148,7 @@ public struct Setting: Sendable, Hashable, CustomStringConvertible {
     public var allowedText: String? {
         switch kind {
         case .endpoint: "tcp://HOST:PORT, ipc://PATH or inproc://NAME"
+        case .endpoints: "tcp://HOST:PORT, ipc://PATH or inproc://NAME; one per replica, comma-separated"
         case .httpAddress: "http://HOST:PORT"
         case .path, .text: nil
         case .integer(let range): "a whole number from \(range.lowerBound) to \(range.upperBound)"

@@ -140,14 +140,37 @@ public struct Settings: Sendable {
         return nil
     }
 
-    /// A ZeroMQ endpoint.
+    /// A ZeroMQ endpoint; for a setting of kind ``Setting/Kind/endpoints``, one that may list
+    /// several replicas (see ``Endpoint/replicas``).
     public func endpoint(_ setting: Setting) throws -> Endpoint {
         let text = try required(setting)
         let schemes = ["tcp://", "ipc://", "inproc://"]
-        guard let scheme = schemes.first(where: text.hasPrefix), text.count > scheme.count else {
-            throw invalid(setting, text)
+        let parts = setting.kind == .endpoints ? text.split(separator: ",", omittingEmptySubsequences: false) : [Substring(text)]
+        let replicas = try parts.map { part in
+            let address = part.trimmingCharacters(in: .whitespaces)
+            guard let scheme = schemes.first(where: address.hasPrefix), address.count > scheme.count else {
+                throw invalid(setting, text)
+            }
+            return Endpoint(address)
         }
-        return Endpoint(text)
+        guard Set(replicas).count == replicas.count else { throw invalid(setting, text, reason: "name each replica once") }
+        return Endpoint(replicas: replicas)
+    }
+
+    /// The one address this process binds for `service` (a list of its replicas' endpoints):
+    /// `bind` when set, else the list's only entry.
+    ///
+    /// - Throws: ``SettingError`` when the list names several replicas and `bind` is unset, or
+    ///   a value is malformed.
+    public func bindEndpoint(_ bind: Setting, of service: Setting) throws -> Endpoint {
+        let replicas = try endpoint(service).replicas
+        if raw(bind) != nil { return try endpoint(bind) }
+        guard replicas.count == 1 else {
+            throw SettingError(
+                "\(service.environmentVariable) lists \(replicas.count) replicas: set \(bind.environmentVariable) to the "
+                    + "address this one binds (one of them, or its port on tcp://*)")
+        }
+        return replicas[0]
     }
 
     /// A whole number within the setting's range.

@@ -8,8 +8,8 @@ extension ProfileService.Configuration {
     /// - Throws: ``SettingError`` naming a setting that cannot work.
     public init(_ settings: Settings) throws {
         self.init(
-            rpc: try settings.endpoint(.profileRPC),
-            events: try settings.endpoint(.profileEvents),
+            rpc: try settings.bindEndpoint(.rpcBind, of: .profileRPC),
+            events: try settings.bindEndpoint(.eventsBind, of: .profileEvents),
             authRPC: try settings.endpoint(.authRPC),
             databasePath: settings.databasePath(.profileDatabase, name: "profile.sqlite"),
             cacheCapacity: try settings.integer(.profileCacheCapacity),

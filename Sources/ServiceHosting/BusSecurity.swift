@@ -40,14 +40,17 @@ public enum BusSecurity {
         let name = settings.text(.keyName) ?? program.keyName
         do {
             var keys = try BusKeys.load(from: directory, identity: name, servers: try serverEndpoints(settings))
-            // Who may follow each publisher: the rights table, by the server that binds it.
-            let publishers = Dictionary(
-                [
-                    (try settings.endpoint(.authEvents), ServiceName.auth), (try settings.endpoint(.profileEvents), ServiceName.profile),
-                    (try settings.endpoint(.routes), ServiceName.orchestrator),
-                ],
-                uniquingKeysWith: { first, _ in first })
-            keys.mayFollow = { caller, endpoint in
+            // Who may follow each publisher: the rights table, by the server that binds it. A
+            // publisher asks at the address it binds, which may be a wildcard of its own.
+            var publishers: [Endpoint: String] = [:]
+            for (setting, service, publisher) in [
+                (Setting.authEvents, ServiceName.auth, Program.auth), (.profileEvents, ServiceName.profile, .profile),
+                (.routes, ServiceName.orchestrator, .orchestrator),
+            ] {
+                for replica in try settings.endpoint(setting).replicas { publishers[replica] = service }
+                if program == publisher { publishers[try settings.bindEndpoint(.eventsBind, of: setting)] = service }
+            }
+            keys.mayFollow = { [publishers] caller, endpoint in
                 publishers[endpoint].map { BusRights.may(caller, follow: $0) } ?? true
             }
             return keys

@@ -95,6 +95,7 @@ public struct HostCommand<Hosted: HostedProgram>: AsyncParsableCommand {
         Hosting.bootstrapLogging(level: level)
         let logger = Logger(label: Hosted.name)
         do {
+            try Self.checkReplicasShareAStore(settings)
             let bus = try BusSecurity.busConfiguration(for: Hosted.program, settings: settings)
             let metrics = try Setting.metrics(for: Hosted.program).flatMap { try settings.optionalHTTPAddress($0) }
                 .map { (host: $0.host, port: $0.port, own: try Self.requestEndpoint(settings)) }
@@ -121,13 +122,41 @@ extension HostCommand {
     /// Where the program answers requests (its metrics ask it for its own health there), or
     /// `nil` for the gateway, which answers none on the bus.
     static func requestEndpoint(_ settings: Settings) throws -> Endpoint? {
+        let service: Setting
         switch Hosted.program {
-        case .auth: try settings.endpoint(.authRPC)
-        case .profile: try settings.endpoint(.profileRPC)
-        case .imageUpload: try settings.endpoint(.imageRPC)
-        case .orchestrator: try settings.endpoint(.orchestratorRPC)
-        default: nil
+        case .auth: service = .authRPC
+        case .profile: service = .profileRPC
+        case .imageUpload: service = .imageRPC
+        case .orchestrator: service = .orchestratorRPC
+        default: return nil
         }
+        return Self.reachable(try settings.bindEndpoint(.rpcBind, of: service))
+    }
+
+    /// Replicas of a service that keeps a store must share it: with SQLite each would keep its
+    /// own accounts and number its own events.
+    static func checkReplicasShareAStore(_ settings: Settings) throws {
+        guard Program.publishers.contains(Hosted.program), settings.text(.postgresURL) == nil else { return }
+        let own: Setting = switch Hosted.program {
+        case .auth: .authRPC
+        case .profile: .profileRPC
+        default: .orchestratorRPC
+        }
+        let replicas = try settings.endpoint(own).replicas.count
+        guard replicas == 1 else {
+            throw SettingError(
+                "\(own.environmentVariable) lists \(replicas) replicas, but they would each keep a SQLite file of their own: "
+                    + "set \(Setting.postgresURL.environmentVariable) so that they share one PostgreSQL database")
+        }
+    }
+
+    /// An address this host reaches a bound endpoint at: a wildcard host (`tcp://*:7101`,
+    /// `tcp://0.0.0.0:7101`) is loopback.
+    static func reachable(_ bound: Endpoint) -> Endpoint {
+        for wildcard in ["tcp://*:", "tcp://0.0.0.0:"] where bound.rawValue.hasPrefix(wildcard) {
+            return Endpoint("tcp://127.0.0.1:" + bound.rawValue.dropFirst(wildcard.count))
+        }
+        return bound
     }
 }
 

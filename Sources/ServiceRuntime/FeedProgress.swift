@@ -50,7 +50,11 @@ struct FeedProgress: Sendable {
     /// Takes the live events that follow the cursor without a gap off the front of `pending`,
     /// dropping (and counting) those already handled. Stops at a gap and drops that event too:
     /// the fetch it calls for covers it.
+    ///
+    /// Replicas of a publisher share one numbering but publish apart, so what is queued may be a
+    /// little out of order: it is sorted first, and only a number still missing is a gap.
     mutating func planLive(_ pending: inout [Message]) -> LiveStep {
+        pending.sort { $0.header.sequence < $1.header.sequence }
         var step = LiveStep(through: cursor)
         var taken = 0
         for message in pending {

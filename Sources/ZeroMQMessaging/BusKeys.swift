@@ -67,7 +67,7 @@ public struct BusKeys: Sendable {
         var serverKeys: [Endpoint: CurveKey] = [:]
         for (server, endpoints) in servers {
             let key = server == identity ? own.publicKey : try CurveKeyFile.readPublic(CurveKeyFile.publicPath(server, in: directory))
-            for endpoint in endpoints { serverKeys[endpoint] = key }
+            for endpoint in endpoints.flatMap(\.replicas) { serverKeys[endpoint] = key }
         }
         var keys = BusKeys(identity: identity, own: own, servers: serverKeys, clients: try clients(in: directory))
         keys.directory = directory

@@ -75,9 +75,13 @@ extension IOLoop {
                 try socket.set(ZMQ_SNDHWM, Int32(0))
                 try socket.set(ZMQ_RCVHWM, Int32(0))
                 try socket.set(ZMQ_MAXMSGSIZE, Int64(clamping: configuration.maxReplyFrameBytes))
-                try secureClient(socket, to: endpoint)
                 watch(socket, as: .dealer(endpoint), events: Self.handshakeEvents)
-                try socket.connect(endpoint)
+                // Replicas: one socket connected to each, which takes its connected peers in
+                // turn. Each connection takes the server key set just before it.
+                for replica in endpoint.replicas {
+                    try secureClient(socket, to: replica)
+                    try socket.connect(replica)
+                }
             }
         } catch {
             dropMonitor(.dealer(endpoint))

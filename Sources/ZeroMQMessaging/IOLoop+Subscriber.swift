@@ -18,7 +18,7 @@ extension IOLoop {
                 try socket.set(ZMQ_RCVHWM, Int32(clamping: configuration.receiveHighWaterMark))
                 for topic in topics { try socket.subscribe(topic) }
                 watch(socket, as: .subscriber(id), events: Self.handshakeEvents)
-                for endpoint in endpoints {
+                for endpoint in endpoints.flatMap(\.replicas) {
                     // Each connection takes the server key set just before it.
                     try secureClient(socket, to: endpoint)
                     try socket.connect(endpoint)

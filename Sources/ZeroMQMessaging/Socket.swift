@@ -75,6 +75,7 @@ struct Socket {
     }
 
     func bind(_ endpoint: Endpoint) throws(ServiceError) {
+        guard !endpoint.isList else { throw ServiceError.cannotBindList(endpoint) }
         if zmq_bind(handle, endpoint.rawValue) != 0 {
             throw endpointError(zmq_errno(), endpoint: endpoint, binding: true)
         }

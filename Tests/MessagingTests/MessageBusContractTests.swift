@@ -48,6 +48,59 @@ struct MessageBusContractTests {
         }
     }
 
+    // MARK: Replicas
+
+    @Test("requests to an endpoint listing replicas are spread over those that answer; one never started costs nothing",
+          arguments: BusKind.allCases)
+    func replicas(kind: BusKind) async throws {
+        try await withHarness(kind) { buses in
+            func replica(_ name: String) -> @Sendable (IncomingRequest) async -> Void {
+                { request in request.reply(type: "test.echoed", source: name, payload: Echo(text: name)) }
+            }
+            let (first, _) = try await buses.startServer(handler: replica("first"))
+            let (second, _) = try await buses.startServer(handler: replica("second"))
+            let list = Endpoint(replicas: [first, Endpoints.fresh(), second])
+            #expect(list.replicas.count == 3)
+            var answeredBy: [String: Int] = [:]
+            // Until both have answered: a connection may still be under way for the first few.
+            for _ in 0..<200 where answeredBy.count < 2 {
+                let reply = try await buses.client.request(try echoRequest("who?"), to: list, timeout: .seconds(30))
+                answeredBy[try reply.payload(as: Echo.self).text, default: 0] += 1
+            }
+            #expect(Set(answeredBy.keys) == ["first", "second"])
+        }
+    }
+
+    @Test("an endpoint listing replicas cannot be bound", arguments: BusKind.allCases)
+    func bindingAList(kind: BusKind) async throws {
+        try await withHarness(kind) { buses in
+            let list = Endpoint(replicas: [Endpoints.fresh(), Endpoints.fresh()])
+            #expect(await serviceError { try await buses.server.serve(at: list, limits: MessageLimits()) }?.code == .invalidEndpoint)
+            #expect(await serviceError { try await buses.server.publisher(at: list) }?.code == .invalidEndpoint)
+        }
+    }
+
+    @Test("a subscription to an endpoint listing replicas hears every replica", arguments: BusKind.allCases)
+    func subscribingToReplicas(kind: BusKind) async throws {
+        try await withHarness(kind) { buses in
+            let first = try await buses.bindPublisher()
+            let second = try await buses.bindPublisher()
+            let stream = try await buses.client.subscribe(
+                to: [Endpoint(replicas: [first.endpoint, second.endpoint])], topics: ["user."], limits: MessageLimits())
+            var events = stream.makeAsyncIterator()
+            try await waitUntilJoined(&events, publishers: [first, second], probeTopic: "user.probe")
+            try first.publish(event("user.end", text: "first"))
+            try second.publish(event("user.end", text: "second"))
+            var heard: Set<String> = []
+            while heard.count < 2, let message = await nextEvent(&events) {
+                if message.topic == "user.end" { heard.insert(try message.payload(as: Echo.self).text) }
+            }
+            #expect(heard == ["first", "second"])
+            first.close()
+            second.close()
+        }
+    }
+
     @Test("a request to an endpoint where nothing listens fails fast with noResponder", arguments: BusKind.allCases)
     func noResponder(kind: BusKind) async throws {
         try await withHarness(kind) { buses in

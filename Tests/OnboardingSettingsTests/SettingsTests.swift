@@ -3,6 +3,7 @@ import AuthService
 import Configuration
 import Foundation
 import FuzzKit
+import Messaging
 import OnboardingAPI
 import OnboardingGateway
 import OnboardingSettings
@@ -163,6 +164,27 @@ struct SettingsTests {
         #expect(!text.contains("\n"))
     }
 
+    @Test("an endpoint setting lists replicas; a replica binds the one rpc.bind and events.bind name, or the only one")
+    func replicaEndpoints() throws {
+        let two = Settings(environment: [
+            "ONBOARDING_AUTH_RPC": "tcp://10.0.0.1:7101, tcp://10.0.0.2:7101", "ONBOARDING_SERVICE_TOKEN": "t",
+        ])
+        #expect(try two.endpoint(.authRPC).replicas == ["tcp://10.0.0.1:7101", "tcp://10.0.0.2:7101"])
+        // The others connect to both; auth itself must be told which one it is.
+        let profile = try ProfileService.Configuration(two)
+        #expect(profile.authRPC.replicas.count == 2)
+        let unsaid = #expect(throws: SettingError.self) { try AuthService.Configuration(two) }
+        #expect(unsaid?.description.contains("ONBOARDING_RPC_BIND") == true, "\(unsaid?.description ?? "")")
+        let said = Settings(
+            flags: [.rpcBind: "tcp://*:7101"],
+            environment: ["ONBOARDING_AUTH_RPC": "tcp://10.0.0.1:7101,tcp://10.0.0.2:7101", "ONBOARDING_SERVICE_TOKEN": "t"])
+        #expect(try AuthService.Configuration(said).rpc == "tcp://*:7101")
+        #expect(try AuthService.Configuration(said).events == "tcp://127.0.0.1:7102")
+        for bad in ["tcp://a:1,", "tcp://a:1,tcp://a:1", "tcp://a:1,b:2"] {
+            #expect(throws: SettingError.self) { try Settings(environment: ["ONBOARDING_AUTH_RPC": bad]).validate(for: .profile) }
+        }
+    }
+
     @Test("a secret is never printed: not in errors, not in the effective configuration")
     func secrets() {
         let settings = Settings(flags: [.serviceToken: "sekrit"], environment: ["ONBOARDING_KAKAO_ADMIN_KEY": "admin-sekrit"])
@@ -253,7 +275,9 @@ struct SettingsTests {
     func compose() throws {
         let script = try String(contentsOf: Self.root.appendingPathComponent("compose/onboarding"), encoding: .utf8)
         var checked = 0
-        for setting in Setting.all where setting.kind == .endpoint || setting.kind == .httpAddress {
+        for setting in Setting.all where [.endpoint, .endpoints, .httpAddress].contains(setting.kind) {
+            // Each replica's own: `up --replicas` gives them to the second and later ones.
+            if setting == .rpcBind || setting == .eventsBind { continue }
             guard case .value = setting.defaultValue else {
                 // Off unless set (the metrics addresses): compose's `up` gives each one.
                 #expect(script.contains("export \(setting.environmentVariable)=${\(setting.environmentVariable)-http://127.0.0.1:91"))
