@@ -47,6 +47,10 @@ final class ImageStorage: Sendable {
     /// temporary upload files (`.upload-*.tmp`, never valid images), thumbnails whose image is
     /// gone, and person folders that are then empty.
     ///
+    /// Replicas may share the folder, so a file counts as left behind only once it is
+    /// ``leftoverAge`` old: younger ones may be another replica's upload under way (which takes
+    /// milliseconds), and are left for a later start.
+    ///
     /// - Returns: how many temporary upload files were removed.
     func prepare() async throws(ServiceError) -> Int {
         let root = self.root
@@ -62,10 +66,12 @@ final class ImageStorage: Sendable {
                 let names = try FileManager.default.contentsOfDirectory(atPath: folder)
                 let present = Set(names)
                 for name in names where Self.isRegularFile("\(folder)/\(name)") {
-                    if ImagePaths.isTemporaryFileName(name) {
+                    if ImagePaths.isTemporaryFileName(name), Self.isLeftover("\(folder)/\(name)") {
                         try Self.posix("unlink") { unlink("\(folder)/\(name)") }
                         removed += 1
-                    } else if StoredImagePath.isThumbnailFileName(name), !present.contains(Self.imageFileName(ofThumbnail: name)) {
+                    } else if StoredImagePath.isThumbnailFileName(name), !present.contains(Self.imageFileName(ofThumbnail: name)),
+                        Self.isLeftover("\(folder)/\(name)")
+                    {
                         // Written before its image, which a crash then never stored.
                         try Self.posix("unlink") { unlink("\(folder)/\(name)") }
                     } else {
@@ -248,6 +254,17 @@ final class ImageStorage: Sendable {
     }
 
     private static func isDirectory(_ path: String) -> Bool { fileType(path) == S_IFDIR }
+
+    /// How old a temporary file or a thumbnail without its image must be before ``prepare()``
+    /// takes it for a crash's leftover, in seconds.
+    static let leftoverAge = 60
+
+    /// Whether `path` was last changed ``leftoverAge`` or more seconds ago.
+    private static func isLeftover(_ path: String) -> Bool {
+        var status = stat()
+        guard lstat(path, &status) == 0 else { return false }
+        return Int(time(nil)) - Int(status.st_mtim.tv_sec) >= leftoverAge
+    }
 
     private static func isRegularFile(_ path: String) -> Bool { fileType(path) == S_IFREG }
 

@@ -104,6 +104,7 @@ extension ImageUploadServiceTests {
             // A crash during a later upload left a temporary file beside the image.
             let leftover = "\(directory)/\(uid)/.upload-\(UUID().uuidString.lowercased()).tmp"
             try Samples.png.write(to: URL(fileURLWithPath: leftover))
+            try backdate(leftover)
 
             let restarted = InProcessBus()
             let again = try await withRunningService(

@@ -306,17 +306,19 @@ struct ImageUploadServiceTests {
 
     // MARK: Starting up
 
-    @Test("temporary upload files and orphaned thumbnails left by a crash are removed at start-up, and the count is logged")
+    @Test("temporary upload files and orphaned thumbnails a crash left (a minute old) are removed at start-up, and the count is logged; a fresh one, a replica's upload under way, is kept")
     func leftoverTemporaryFiles() async throws {
         let name = UUID().uuidString.lowercased()
         let (image, thumbnail) = ("\(name).png", "\(name).thumb.png")
         let orphan = "\(UUID().uuidString.lowercased()).thumb.png"
+        let underWay = ".upload-\(UUID().uuidString.lowercased()).tmp"
         let messages = LogCapture()
         let leftovers = { (directory: String) throws in
             func write(_ path: String) throws {
                 try FileManager.default.createDirectory(
                     atPath: "\(directory)/\((path as NSString).deletingLastPathComponent)", withIntermediateDirectories: true)
                 try Samples.png.write(to: URL(fileURLWithPath: "\(directory)/\(path)"))
+                try backdate("\(directory)/\(path)")
             }
             try write("crashed-first-upload/.upload-\(UUID().uuidString.lowercased()).tmp")
             try write("\(uid)/.upload-\(UUID().uuidString.lowercased()).tmp")
@@ -325,10 +327,12 @@ struct ImageUploadServiceTests {
             try write("\(uid)/\(thumbnail)")
             try write("\(uid)/\(orphan)")
             try write("\(uid)/notes.tmp")
+            // Another replica's upload under way, in a folder they share: a fresh file is kept.
+            try Samples.png.write(to: URL(fileURLWithPath: "\(directory)/\(uid)/\(underWay)"))
         }
         try await withImages(logger: messages.logger, before: leftovers) { directory in
             #expect(contents(of: directory) == [uid])
-            #expect(contents(of: "\(directory)/\(uid)") == [image, thumbnail, "notes.tmp"].sorted())
+            #expect(contents(of: "\(directory)/\(uid)") == [image, thumbnail, "notes.tmp", underWay].sorted())
             let removed = try await deleteAll()
             #expect(removed.deleted == 1)
         }
@@ -433,4 +437,9 @@ struct ImageUploadServiceTests {
         let configuration = ImageUploadService.Configuration(directory: "/tmp/unused", maxImageBytes: .max)
         #expect(configuration.limits.maxAttachmentBytes == .max)
     }
+}
+
+/// Makes `path` look two minutes old: what the start-up sweep takes for a crash's leftover.
+func backdate(_ path: String) throws {
+    try FileManager.default.setAttributes([.modificationDate: Date(timeIntervalSinceNow: -120)], ofItemAtPath: path)
 }
