@@ -14,7 +14,8 @@ public struct ServiceTarget: Sendable, Hashable {
     public var name: String
     /// The program it runs, to make sure the pid in the file is that service and nothing else.
     public var program: String
-    /// Its request endpoint, where it answers `health`.
+    /// Its service's request endpoint, where it answers `health` (every replica's: a standby
+    /// orchestrator answers nothing, and whichever leads answers for it).
     public var endpoint: Endpoint
 
     public init(name: String, program: String, endpoint: Endpoint) {
@@ -23,15 +24,18 @@ public struct ServiceTarget: Sendable, Hashable {
         self.endpoint = endpoint
     }
 
-    /// The four services, in compose's order.
+    /// Every replica of the four services, in compose's order and with compose's names: `auth`,
+    /// then `auth-2` and on for each further replica its endpoint lists.
     public static func all(_ endpoints: ChaosEndpoints) -> [ServiceTarget] {
         [
-            ServiceTarget(name: "auth", program: "auth-service", endpoint: endpoints.authRPC),
-            ServiceTarget(name: "profile", program: "profile-service", endpoint: endpoints.profileRPC),
-            ServiceTarget(name: "image-upload", program: "image-upload-service", endpoint: endpoints.imageRPC),
-            ServiceTarget(
-                name: "onboarding-orchestrator", program: "onboarding-orchestrator", endpoint: endpoints.orchestratorRPC),
-        ]
+            ("auth", "auth-service", endpoints.authRPC), ("profile", "profile-service", endpoints.profileRPC),
+            ("image-upload", "image-upload-service", endpoints.imageRPC),
+            ("onboarding-orchestrator", "onboarding-orchestrator", endpoints.orchestratorRPC),
+        ].flatMap { name, program, endpoint in
+            (1...endpoint.replicas.count).map { replica in
+                ServiceTarget(name: replica == 1 ? name : "\(name)-\(replica)", program: program, endpoint: endpoint)
+            }
+        }
     }
 }
 

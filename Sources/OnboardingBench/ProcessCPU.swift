@@ -79,7 +79,8 @@ enum ProcStat {
 }
 
 /// The processes whose CPU the benchmark reports: each service (its pid from compose's pid file
-/// `<run dir>/<name>.pid`), PostgreSQL when compose runs one (`postgres.pid`: the postmaster,
+/// `<run dir>/<name>.pid`, its further replicas' from `<name>-2.pid` and on, counted together),
+/// PostgreSQL when compose runs one (`postgres.pid`: the postmaster,
 /// counted with its backends), and the load generator itself.
 struct CPUProbe: Sendable {
     /// compose's names for the services (`supervise <name>` writes `<name>.pid`).
@@ -91,6 +92,8 @@ struct CPUProbe: Sendable {
 
     struct Sample: Sendable {
         var pids: [String: Int32] = [:]
+        /// Every replica's pid, by service: a restart of any makes the service's figure unknown.
+        var replicas: [String: [Int32]] = [:]
         var times: [String: ProcStat.Times] = [:]
         /// Busy ticks of the whole machine.
         var machine: UInt64?
@@ -108,8 +111,17 @@ struct CPUProbe: Sendable {
     func sample() -> Sample {
         var sample = Sample()
         for service in Self.services {
-            guard let pid = pid(of: service), let times = ProcStat.read(pid: pid) else { continue }
+            guard let pid = pid(of: service), var times = ProcStat.read(pid: pid) else { continue }
+            var replicas = [pid]
+            for replica in 2...9 {
+                guard let pid = self.pid(of: "\(service)-\(replica)") else { break }
+                guard let more = ProcStat.read(pid: pid) else { continue }
+                replicas.append(pid)
+                times.userTicks += more.userTicks
+                times.systemTicks += more.systemTicks
+            }
             sample.pids[service] = pid
+            sample.replicas[service] = replicas
             sample.times[service] = times
         }
         if let pid = pid(of: Self.database), let times = ProcStat.readFamily(pid: pid) {
@@ -141,7 +153,8 @@ struct CPUProbe: Sendable {
         let seconds = Double(after.taken &- before.taken) / 1e9
         let database = before.pids[Self.database] == nil ? [] : [Self.database]
         return (services + database + [generator]).map { name in
-            guard let pid = before.pids[name], after.pids[name] == pid, let start = before.times[name],
+            guard let pid = before.pids[name], after.pids[name] == pid, before.replicas[name] == after.replicas[name],
+                let start = before.times[name],
                 let end = after.times[name], end.totalTicks >= start.totalTicks
             else {
                 return CPUUsage(name: name, pid: before.pids[name] ?? after.pids[name], microseconds: nil, perOperation: nil, busy: nil)
