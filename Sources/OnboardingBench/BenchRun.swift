@@ -123,6 +123,8 @@ final class BenchRun {
         let socket = try ZMQSocket(context, type: ZMQ_DEALER)
         defer { socket.close() }
         socket.set(ZMQ_SNDHWM, 0)
+        // Only to replicas that are connected (a standby orchestrator never is), as the bus does.
+        socket.set(ZMQ_IMMEDIATE, 1)
         socket.set(ZMQ_RCVHWM, 0)
         try socket.connect(settings.authRPC, keys: settings.keys)
         var template = factory.signIn()

@@ -75,6 +75,12 @@ final class IntentReceiver: Sendable {
         let socket: ZMQSocket
         do {
             socket = try ZMQSocket(context, type: ZMQ_SUB)
+        } catch {
+            state.withLock { $0.failure = "cannot subscribe to \(endpoint): \(error)" }
+            ready.signal()
+            return
+        }
+        do {
             // Never drop on our side; the publisher's own queue per subscriber still has its
             // high-water mark (libzmq's default 1,000), so this thread must keep up.
             socket.set(ZMQ_RCVHWM, 0)
@@ -82,6 +88,8 @@ final class IntentReceiver: Sendable {
             socket.subscribe("route.")
             try socket.connect(endpoint, keys: keys)
         } catch {
+            // Closed, or terminating the context in `stop` would wait for it forever.
+            socket.close()
             state.withLock { $0.failure = "cannot subscribe to \(endpoint): \(error)" }
             ready.signal()
             return

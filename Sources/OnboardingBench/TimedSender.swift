@@ -141,6 +141,8 @@ final class TimedSender: @unchecked Sendable {
         do {
             socket = try ZMQSocket(context, type: ZMQ_DEALER)
             socket.set(ZMQ_SNDHWM, 0)
+            // Only to replicas that are connected (a standby orchestrator never is), as the bus does.
+            socket.set(ZMQ_IMMEDIATE, 1)
             socket.set(ZMQ_RCVHWM, 0)
             try socket.connect(configuration.endpoint, keys: configuration.keys)
         } catch {

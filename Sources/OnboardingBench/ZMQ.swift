@@ -43,9 +43,15 @@ struct ZMQSocket {
         _ = zmq_setsockopt(handle, option, &value, MemoryLayout<Int32>.size)
     }
 
-    /// Connects to `endpoint`; with `keys`, as a CURVE client of the server whose key they name
-    /// (as the services' bus does).
+    /// Connects to `endpoint`, to each of its replicas when it lists several; with `keys`, as a
+    /// CURVE client of the server whose key they name (as the services' bus does).
     func connect(_ endpoint: String, keys: BusKeys?) throws(ZMQError) {
+        for replica in Endpoint(endpoint).replicas {
+            try connectOne(replica.rawValue, keys: keys)
+        }
+    }
+
+    private func connectOne(_ endpoint: String, keys: BusKeys?) throws(ZMQError) {
         if let keys, !endpoint.hasPrefix("inproc://") {
             guard let server = keys.serverKey(for: Endpoint(endpoint)) else {
                 throw ZMQError(what: "no CURVE public key is known for \(endpoint)", code: EINVAL)

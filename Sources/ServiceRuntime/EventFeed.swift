@@ -10,9 +10,11 @@ import Synchronization
 /// The zguide's Clone pattern: subscribe to the live stream first, then fetch what was recorded
 /// after the subscriber's cursor with `events.after` until caught up, then follow the live
 /// stream. A live event with a number at or below the cursor is dropped (counted in
-/// ``FeedStatistics/duplicatesDropped``, and checked with a fetch); one that skips numbers (a
-/// lost message, a full queue, the ZeroMQ slow joiner) makes the feed fetch from the cursor
-/// again. When nothing arrives live for `idleCheck`, the feed asks anyway, which finds a lost
+/// ``FeedStatistics/duplicatesDropped``, and checked with a fetch at most once per
+/// `idleCheck`); one that skips numbers (a lost message, a full queue, the ZeroMQ slow joiner)
+/// makes the feed fetch from the cursor again, once the missing numbers have had `reorderWait`
+/// to arrive: replicas of a publisher share one numbering but publish apart, so their events
+/// arrive a little out of order. When nothing arrives live for `idleCheck`, the feed asks anyway, which finds a lost
 /// last event and a publisher that restarted.
 ///
 /// The live subscription takes every topic of the publisher, so its numbers have no gaps of
@@ -44,6 +46,7 @@ public final class EventFeed: Sendable {
     private let serviceToken: String?
     private let pageSize: Int
     private let idleCheck: Duration
+    private let reorderWait: Duration
     private let callTimeout: Duration
     private let retry: RetryPolicy
     private let limits: MessageLimits
@@ -63,6 +66,8 @@ public final class EventFeed: Sendable {
     ///   - serviceToken: the services' shared secret, which `events.after` requires.
     ///   - pageSize: the most events asked for at once, and the largest batch handed over.
     ///   - idleCheck: how long the live stream may be quiet before the feed asks anyway.
+    ///   - reorderWait: how long a gap in the live stream may wait for the missing events to
+    ///     arrive live (another replica's, published a moment later) before they are fetched.
     ///   - callTimeout: how long one `events.after` call waits for its reply.
     ///   - retry: the waits between failed calls, and after a handler failure.
     ///   - limits: the live subscription's limits; a full queue drops events that are then
@@ -70,6 +75,7 @@ public final class EventFeed: Sendable {
     public init(
         bus: any MessageBus, events: Endpoint, replay: Endpoint, topics: [String] = [""], source: String,
         serviceToken: String?, pageSize: Int = Outbox.defaultPageSize, idleCheck: Duration = .seconds(1),
+        reorderWait: Duration = .milliseconds(20),
         callTimeout: Duration = .seconds(2), retry: RetryPolicy = RetryPolicy(), limits: MessageLimits = MessageLimits(),
         logger: Logger
     ) {
@@ -81,6 +87,7 @@ public final class EventFeed: Sendable {
         self.serviceToken = serviceToken
         self.pageSize = min(max(1, pageSize), EventsAfter.maximumLimit)
         self.idleCheck = idleCheck
+        self.reorderWait = reorderWait
         self.callTimeout = callTimeout
         self.retry = retry
         self.limits = limits
@@ -202,7 +209,11 @@ public final class EventFeed: Sendable {
             state.progress = progress
             shared.withLock { $0 = progress.statistics }
             if step.gap != nil || step.duplicates > 0 {
-                // As on the follower's path: fetch what is missing (or check a reset) first.
+                // As on the follower's path: fetch what is missing (or check a reset) first. The
+                // gap's own event is covered by that fetch. (Only the follower holds a gap for the
+                // missing events to arrive: replicas share a PostgreSQL store, whose feeds have no
+                // bus-thread handler.)
+                if step.gap != nil { pending.removeFirst() }
                 state.delivering = false
                 state.needsCatchUp = true
                 for message in pending { mailbox.push(message) }
@@ -250,6 +261,10 @@ public final class EventFeed: Sendable {
     private func follow(_ mailbox: LiveMailbox, progress: inout FeedProgress, loop: Bool, handle: Handler) async {
         guard await catchUp(&progress, handle: handle) else { return }
         var pending: [Message] = []
+        let clock = ContinuousClock()
+        // The gap whose missing events may still arrive live, and until when.
+        var heldGap: (sequence: UInt64, until: ContinuousClock.Instant)?
+        var lastDuplicateCheck: ContinuousClock.Instant?
         while !Task.isCancelled {
             if loop, pending.isEmpty, handToLoop(progress, mailbox: mailbox) {
                 // The bus's thread delivers until it hands back (a wake-up) or all is quiet.
@@ -292,11 +307,27 @@ public final class EventFeed: Sendable {
                 else { return }
             }
             if let gap = step.gap {
+                // Most likely another replica's events, on their way: wait a moment for them.
+                if heldGap?.sequence != gap { heldGap = (gap, clock.now.advanced(by: reorderWait)) }
+                if let until = heldGap?.until, clock.now < until {
+                    switch await mailbox.wait(timeout: clock.now.duration(to: until)) {
+                    case .finished: return
+                    case .ready: pending += mailbox.take(max: pageSize)
+                    case .timedOut: break
+                    }
+                    continue
+                }
+                heldGap = nil
                 logger.debug("live event \(gap) came after \(progress.cursor) from \(events); fetching what is missing")
                 guard await catchUp(&progress, handle: handle) else { return }
-            } else if step.duplicates > 0 {
-                // Usually the overlap after a catch-up; but a publisher whose store was reset
-                // also sends numbers already seen, and a busy stream never goes quiet: ask.
+                // What was held is covered by the fetch: not received twice, so not counted.
+                let cursor = progress.cursor
+                pending.removeAll { $0.header.sequence <= cursor }
+            } else if step.duplicates > 0, lastDuplicateCheck.map({ $0.duration(to: clock.now) >= idleCheck }) ?? true {
+                // Usually the overlap after a catch-up, or another replica's events that a fetch
+                // got first; but a publisher whose store was reset also sends numbers already
+                // seen, and a busy stream never goes quiet: ask, now and then.
+                lastDuplicateCheck = clock.now
                 guard await catchUp(&progress, handle: handle) else { return }
             }
         }

@@ -48,8 +48,9 @@ struct FeedProgress: Sendable {
     }
 
     /// Takes the live events that follow the cursor without a gap off the front of `pending`,
-    /// dropping (and counting) those already handled. Stops at a gap and drops that event too:
-    /// the fetch it calls for covers it.
+    /// dropping (and counting) those already handled. Stops at a gap, and keeps the events from
+    /// there on in `pending`: the missing ones may still arrive (see ``EventFeed``), and what a
+    /// fetch covers is dropped as a duplicate later.
     ///
     /// Replicas of a publisher share one numbering but publish apart, so what is queued may be a
     /// little out of order: it is sorted first, and only a number still missing is a gap.
@@ -59,16 +60,17 @@ struct FeedProgress: Sendable {
         var taken = 0
         for message in pending {
             let sequence = message.header.sequence
+            if sequence > step.through + 1 {
+                step.gap = sequence
+                break
+            }
             taken += 1
             if sequence <= step.through {
                 statistics.duplicatesDropped += 1
                 step.duplicates += 1
-            } else if sequence == step.through + 1 {
+            } else {
                 step.through = sequence
                 if wants(message.topic) { step.batch.append(message) }
-            } else {
-                step.gap = sequence
-                break
             }
         }
         pending.removeFirst(taken)

@@ -285,10 +285,11 @@ func withFeed<Result: Sendable>(
 
 /// A feed on `bus` following an ``OutboxPublisher``, with short waits for tests.
 func makeFeed(
-    bus: any MessageBus, topics: [String] = [""], idleCheck: Duration = .seconds(60), logger: Logger = quietLogger
+    bus: any MessageBus, topics: [String] = [""], idleCheck: Duration = .seconds(60),
+    reorderWait: Duration = .milliseconds(20), logger: Logger = quietLogger
 ) -> EventFeed {
     EventFeed(
         bus: bus, events: OutboxPublisher.events, replay: OutboxPublisher.rpc, topics: topics, source: "test",
-        serviceToken: nil, idleCheck: idleCheck, callTimeout: .seconds(2),
+        serviceToken: nil, idleCheck: idleCheck, reorderWait: reorderWait, callTimeout: .seconds(2),
         retry: RetryPolicy(initial: .milliseconds(5), maximum: .milliseconds(40)), logger: logger)
 }
