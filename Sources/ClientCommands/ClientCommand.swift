@@ -259,6 +259,9 @@ struct HealthCommand: AsyncParsableCommand {
                             "    unlinks pending: \(unlink.pending)" + (unlink.oldestPendingSeconds.map { ", the oldest for \($0) s" } ?? "")
                                 + (unlink.lastError.map { "; last error: \($0) (\(unlink.lastErrorAt ?? ""))" } ?? ""))
                     }
+                    if !quiet, service.endpoint.isList {
+                        await Self.showReplicas(of: service, bus: bus, timeout: timeout)
+                    }
                 } catch let error as ServiceError {
                     if !quiet { Terminal.line("\(service.name.padding(toLength: 24, withPad: " ", startingAt: 0)) DOWN  \(service.endpoint)  (\(error.code))") }
                     down.append(service.name)
@@ -271,6 +274,24 @@ struct HealthCommand: AsyncParsableCommand {
 }
 
 extension HealthCommand {
+    /// One line per replica of a service whose endpoint lists several: the service answered,
+    /// and this says which of its replicas do (a standby orchestrator answers nothing).
+    static func showReplicas(of service: (name: String, endpoint: Endpoint), bus: any MessageBus, timeout: Duration) async {
+        for replica in service.endpoint.replicas {
+            let state: String
+            do {
+                let status = try await bus.call(HealthCheck(), to: replica, source: "onboarding-client", timeout: timeout)
+                state = "up    since \(status.startedAt)"
+            } catch let error as ServiceError {
+                state = service.name == ServiceName.orchestrator && error.code == .noResponder
+                    ? "not answering (standing by, or down)" : "DOWN  (\(error.code))"
+            } catch {
+                state = "DOWN  (\(error))"
+            }
+            Terminal.line("    replica \(replica)  \(state)")
+        }
+    }
+
     /// The bus's counts that are not 0, as `name value` pairs, or `nil` when all are.
     static func nonZero(_ statistics: BusStatistics) -> String? {
         let counts: [(String, Int)] = [
