@@ -160,6 +160,7 @@ let package = Package(
                 "OnboardingOrchestrator", "PostgresSupport", "Messaging", "OnboardingAPI", "OnboardingSettings", "ServiceRuntime",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
         .testTarget(

@@ -105,7 +105,12 @@ public struct OnboardingOrchestrator: Service {
         let database = configuration.storeDatabase
         logger.info("the orchestrator keeps its store in \(database)")
         let context = OrchestratorStorageContext(publisher: publisher, retention: configuration.retention, logger: logger)
-        try await database.withStorage(context) { storage in try await serve(storage) }
+        do {
+            try await database.withStorage(context) { storage in try await serve(storage) }
+        } catch is CancellationError where Task.isShuttingDownGracefully {
+            // A standby, stopped while it waited to lead.
+            logger.info("stopped while standing by")
+        }
     }
 
     private func serve(_ storage: any OrchestratorStorage) async throws {

@@ -3,6 +3,7 @@ import OnboardingOrchestrator
 import OnboardingSettings
 import PostgresNIO
 import PostgresSupport
+import ServiceLifecycle
 
 /// The orchestrator's store in PostgreSQL, for production: several orchestrator replicas on
 /// several hosts share it, and one of them at a time decides.
@@ -60,8 +61,11 @@ public struct OrchestratorPostgresDatabase: OrchestratorDatabase {
         ) { store in
             // The lead is held by a connection of its own for as long as this replica decides.
             return try await store.client.withConnection { connection in
-                let leadership = try await Leadership.take(
-                    on: connection, store: store, every: leaseCheck, patience: leasePatience, logger: context.logger)
+                // A standby asked to stop has nothing to drain: it stops at once.
+                let leadership = try await cancelWhenGracefulShutdown {
+                    try await Leadership.take(
+                        on: connection, store: store, every: leaseCheck, patience: leasePatience, logger: context.logger)
+                }
                 let storage = OrchestratorPostgresStore(store: store, context: context, epoch: leadership.epoch)
                 // The group waits for both tasks, so `body` never outlives this call.
                 let outcome: Result<T, any Error>
