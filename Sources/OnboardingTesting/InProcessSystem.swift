@@ -65,6 +65,11 @@ public final class InProcessSystem: Sendable {
         public var authDatabase: (any AuthDatabase)?
         public var profileDatabase: (any ProfileDatabase)?
         public var orchestratorDatabase: (any OrchestratorDatabase)?
+        /// How many of each service run (1 by default). More than one needs all three stores
+        /// above (replicas share them): replica 1 binds `inproc://auth`, replica 2
+        /// `inproc://auth-2`, and so on, and ``InProcessSystem/endpoints`` lists them all. One
+        /// orchestrator leads; the others stand by.
+        public var replicas = 1
 
         public init(
             leftOut: Set<Part> = [],
@@ -87,7 +92,7 @@ public final class InProcessSystem: Sendable {
 
     /// The bus every service is on. Bind your own stand-ins and subscribers here.
     public let bus: InProcessBus
-    /// Where each service listens (``SystemEndpoints/inProcess``).
+    /// Where each service listens (``SystemEndpoints/inProcess``; with replicas, each endpoint lists them).
     public let endpoints: SystemEndpoints
     /// The folder with the databases (`auth.sqlite`, `profile.sqlite`, `orchestrator.sqlite`)
     /// and ``imagesDirectory``.
@@ -104,7 +109,7 @@ public final class InProcessSystem: Sendable {
         running: Task<Void, any Error>
     ) {
         self.bus = bus
-        self.endpoints = .inProcess
+        self.endpoints = Self.endpoints(replicas: configuration.replicas)
         self.directory = directory
         self.removesDirectory = removesDirectory
         self.configuration = configuration
@@ -198,42 +203,68 @@ public final class InProcessSystem: Sendable {
     private static func makeServices(
         _ configuration: Configuration, directory: URL, bus: InProcessBus, logger: Logger
     ) throws -> [any Service] {
-        let e = SystemEndpoints.inProcess
+        let replicas = configuration.replicas
+        guard replicas >= 1 else { throw ServiceError(.invalidRequest, "Configuration.replicas is \(replicas): give 1 or more.") }
+        guard replicas == 1
+            || (configuration.authDatabase != nil && configuration.profileDatabase != nil && configuration.orchestratorDatabase != nil)
+        else {
+            throw ServiceError(
+                .invalidRequest,
+                "\(replicas) replicas need authDatabase, profileDatabase and orchestratorDatabase (PostgreSQL): replicas share their stores.")
+        }
+        // Every service calls the others at the lists; replica `n` binds entry `n` of its own.
+        let e = Self.endpoints(replicas: replicas)
         let token = configuration.serviceToken
         func database(_ name: String) -> String { directory.appendingPathComponent(name).path }
         var services: [any Service] = []
         let parts = Set(Part.allCases).subtracting(configuration.leftOut)
-        if parts.contains(.auth) {
-            services.append(try AuthService(
-                configuration: .init(
-                    rpc: e.authRPC, events: e.authEvents, databasePath: database("auth.sqlite"), devMode: true,
-                    serviceToken: token, database: configuration.authDatabase),
-                bus: bus, logger: logger))
-        }
-        if parts.contains(.profile) {
-            services.append(try ProfileService(
-                configuration: .init(
-                    rpc: e.profileRPC, events: e.profileEvents, authRPC: e.authRPC,
-                    databasePath: database("profile.sqlite"), serviceToken: token, database: configuration.profileDatabase),
-                bus: bus, logger: logger))
-        }
-        if parts.contains(.imageUpload) {
-            services.append(try ImageUploadService(
-                configuration: .init(
-                    rpc: e.imageRPC, directory: directory.appendingPathComponent("images").path, serviceToken: token),
-                bus: bus, logger: logger))
-        }
-        if parts.contains(.orchestrator) {
-            services.append(try OnboardingOrchestrator(
-                configuration: .init(
-                    rpc: e.orchestratorRPC, routes: e.routes, authRPC: e.authRPC, authEvents: e.authEvents,
-                    profileRPC: e.profileRPC, profileEvents: e.profileEvents, imageRPC: e.imageRPC,
-                    databasePath: database("orchestrator.sqlite"), callTimeout: configuration.orchestratorCallTimeout,
-                    retryPolicy: configuration.orchestratorRetry, serviceToken: token,
-                    database: configuration.orchestratorDatabase),
-                bus: bus, logger: logger))
+        for n in 0..<replicas {
+            if parts.contains(.auth) {
+                services.append(try AuthService(
+                    configuration: .init(
+                        rpc: e.authRPC.replicas[n], events: e.authEvents.replicas[n], databasePath: database("auth.sqlite"),
+                        devMode: true, serviceToken: token, database: configuration.authDatabase),
+                    bus: bus, logger: logger))
+            }
+            if parts.contains(.profile) {
+                services.append(try ProfileService(
+                    configuration: .init(
+                        rpc: e.profileRPC.replicas[n], events: e.profileEvents.replicas[n], authRPC: e.authRPC,
+                        databasePath: database("profile.sqlite"), serviceToken: token, database: configuration.profileDatabase),
+                    bus: bus, logger: logger))
+            }
+            if parts.contains(.imageUpload) {
+                services.append(try ImageUploadService(
+                    configuration: .init(
+                        rpc: e.imageRPC.replicas[n], directory: directory.appendingPathComponent("images").path, serviceToken: token),
+                    bus: bus, logger: logger))
+            }
+            if parts.contains(.orchestrator) {
+                services.append(try OnboardingOrchestrator(
+                    configuration: .init(
+                        rpc: e.orchestratorRPC.replicas[n], routes: e.routes.replicas[n], authRPC: e.authRPC,
+                        authEvents: e.authEvents, profileRPC: e.profileRPC, profileEvents: e.profileEvents, imageRPC: e.imageRPC,
+                        databasePath: database("orchestrator.sqlite"), callTimeout: configuration.orchestratorCallTimeout,
+                        retryPolicy: configuration.orchestratorRetry, serviceToken: token,
+                        database: configuration.orchestratorDatabase),
+                    bus: bus, logger: logger))
+            }
         }
         return services
+    }
+
+    /// ``SystemEndpoints/inProcess`` with each endpoint listing `replicas` names: `inproc://auth`,
+    /// `inproc://auth-2`, and so on.
+    static func endpoints(replicas: Int) -> SystemEndpoints {
+        guard replicas > 1 else { return .inProcess }
+        func list(_ first: Endpoint) -> Endpoint {
+            Endpoint(replicas: [first] + (2...replicas).map { Endpoint("\(first.rawValue)-\($0)") })
+        }
+        let e = SystemEndpoints.inProcess
+        return SystemEndpoints(
+            authRPC: list(e.authRPC), authEvents: list(e.authEvents), profileRPC: list(e.profileRPC),
+            profileEvents: list(e.profileEvents), imageRPC: list(e.imageRPC), orchestratorRPC: list(e.orchestratorRPC),
+            routes: list(e.routes))
     }
 
     /// Waits until every service started answers `health`, or one of them fails.

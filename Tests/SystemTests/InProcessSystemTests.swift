@@ -55,6 +55,38 @@ struct InProcessSystemTests {
         }
     }
 
+    @Test("two of every service on PostgreSQL: the journey works, every replica answers, one orchestrator decides",
+          arguments: StoreKind.available.filter { $0 == .postgres })
+    func replicas(kind: StoreKind) async throws {
+        var configuration = InProcessSystem.Configuration()
+        configuration.replicas = 2
+        try await InProcessSystem.run(on: kind, configuration) { system in
+            let e = system.endpoints
+            #expect(e.authRPC.replicas == ["inproc://auth", "inproc://auth-2"])
+            try await runJourney(bus: system.bus, endpoints: e, imagesRoot: system.imagesDirectory)
+            for replica in e.authRPC.replicas + e.profileRPC.replicas + e.imageRPC.replicas {
+                _ = try await system.bus.call(HealthCheck(), to: replica, source: "test", timeout: .seconds(10))
+            }
+            // The standby binds no request endpoint: only the leader answers.
+            var answering = 0
+            for replica in e.orchestratorRPC.replicas {
+                do {
+                    _ = try await system.bus.call(HealthCheck(), to: replica, source: "test", timeout: .seconds(10))
+                    answering += 1
+                } catch let error as ServiceError where error.code == .noResponder {}
+            }
+            #expect(answering == 1)
+        }
+    }
+
+    @Test("replicas on SQLite files are refused: they would each keep their own")
+    func replicasNeedSharedStores() async throws {
+        var configuration = InProcessSystem.Configuration()
+        configuration.replicas = 2
+        let error = await #expect(throws: ServiceError.self) { try await InProcessSystem.start(configuration) }
+        #expect(error?.message.contains("profileDatabase") == true)
+    }
+
     @Test("bad input at every endpoint gets a typed error and no service goes down", arguments: StoreKind.available)
     func badInput(kind: StoreKind) async throws {
         try await InProcessSystem.run(on: kind) { system in
