@@ -59,26 +59,33 @@ final class ImageStorage: Sendable {
                 atPath: root, withIntermediateDirectories: true, attributes: [.posixPermissions: Self.folderMode])
             try Self.posix("chmod") { chmod(root, Self.folderMode) }
             var removed = 0
+            // What another replica removes meanwhile (ENOENT) is simply gone.
             for uid in try FileManager.default.contentsOfDirectory(atPath: root) where ImagePaths.isSafeUID(uid) {
                 let folder = "\(root)/\(uid)"
                 guard Self.isDirectory(folder) else { continue }
-                try Self.posix("chmod") { chmod(folder, Self.folderMode) }
-                let names = try FileManager.default.contentsOfDirectory(atPath: folder)
+                try Self.posixUnlessGone("chmod") { chmod(folder, Self.folderMode) }
+                guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder) else { continue }
+                // Before removing anything (which makes it young): a young folder may be another
+                // replica's, about to get its first image.
+                let settled = Self.isLeftover(folder)
                 let present = Set(names)
                 for name in names where Self.isRegularFile("\(folder)/\(name)") {
-                    if ImagePaths.isTemporaryFileName(name), Self.isLeftover("\(folder)/\(name)") {
-                        try Self.posix("unlink") { unlink("\(folder)/\(name)") }
+                    let path = "\(folder)/\(name)"
+                    if ImagePaths.isTemporaryFileName(name) {
+                        // Made 0600; a young one is another replica's upload under way.
+                        guard Self.isLeftover(path) else { continue }
+                        try Self.posixUnlessGone("unlink") { unlink(path) }
                         removed += 1
                     } else if StoredImagePath.isThumbnailFileName(name), !present.contains(Self.imageFileName(ofThumbnail: name)),
-                        Self.isLeftover("\(folder)/\(name)")
+                        Self.isLeftover(path)
                     {
                         // Written before its image, which a crash then never stored.
-                        try Self.posix("unlink") { unlink("\(folder)/\(name)") }
+                        try Self.posixUnlessGone("unlink") { unlink(path) }
                     } else {
-                        try Self.posix("chmod") { chmod("\(folder)/\(name)", Self.fileMode) }
+                        try Self.posixUnlessGone("chmod") { chmod(path, Self.fileMode) }
                     }
                 }
-                try Self.removeFolderIfEmpty(folder)
+                if settled { try Self.removeFolderIfEmpty(folder) }
             }
             return removed
         }
@@ -295,6 +302,11 @@ final class ImageStorage: Sendable {
 
     private static func posix(_ call: String, _ body: () -> Int32) throws {
         guard body() == 0 else { throw POSIXFailure(call: call, code: errno) }
+    }
+
+    /// ``posix(_:_:)``, where a path that is gone (`ENOENT`) is no failure.
+    private static func posixUnlessGone(_ call: String, _ body: () -> Int32) throws {
+        guard body() == 0 || errno == ENOENT else { throw POSIXFailure(call: call, code: errno) }
     }
 }
 

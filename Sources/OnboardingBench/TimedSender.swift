@@ -140,6 +140,13 @@ final class TimedSender: @unchecked Sendable {
         let socket: ZMQSocket
         do {
             socket = try ZMQSocket(context, type: ZMQ_DEALER)
+        } catch {
+            failure = "\(error)"
+            ready.signal()
+            return
+        }
+        defer { socket.close() }
+        do {
             socket.set(ZMQ_SNDHWM, 0)
             // Only to replicas that are connected (a standby orchestrator never is), as the bus does.
             socket.set(ZMQ_IMMEDIATE, 1)
@@ -150,13 +157,15 @@ final class TimedSender: @unchecked Sendable {
             ready.signal()
             return
         }
-        defer { socket.close() }
         let receiver = MultipartReceiver()
 
-        // The first round trip sets up the connection, outside the timed window.
+        // The first round trip sets up the connection, outside the timed window. Its send waits
+        // for a connected replica, up to the same 10 s.
         var health = configuration.health
         health.fill(0)
+        socket.set(ZMQ_SNDTIMEO, 10_000)
         health.bytes.withUnsafeBytes { _ = socket.sendRequest(tag: Self.healthTag, body: $0) }
+        socket.set(ZMQ_SNDTIMEO, -1)
         let healthDeadline = MonotonicClock.now() + 10_000_000_000
         var healthy = false
         while !healthy, MonotonicClock.now() < healthDeadline {

@@ -107,8 +107,7 @@ public struct OnboardingOrchestrator: Service {
         let context = OrchestratorStorageContext(publisher: publisher, retention: configuration.retention, logger: logger)
         do {
             try await database.withStorage(context) { storage in try await serve(storage) }
-        } catch is CancellationError where Task.isShuttingDownGracefully {
-            // A standby, stopped while it waited to lead.
+        } catch is StoppedWhileStandingBy {
             logger.info("stopped while standing by")
         }
     }

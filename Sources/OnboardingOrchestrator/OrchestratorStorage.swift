@@ -73,6 +73,12 @@ public struct OrchestratorStorageContext: Sendable {
     }
 }
 
+/// What ``OrchestratorDatabase/withStorage(_:_:)`` throws when the orchestrator is asked to stop
+/// (gracefully) while it waits to lead: a standby has nothing to finish.
+public struct StoppedWhileStandingBy: Error {
+    public init() {}
+}
+
 /// A database the orchestrator can keep its store in: opened, migrated and looked after for as
 /// long as the orchestrator runs.
 public protocol OrchestratorDatabase: Sendable, CustomStringConvertible {

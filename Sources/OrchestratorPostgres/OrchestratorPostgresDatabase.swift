@@ -62,9 +62,14 @@ public struct OrchestratorPostgresDatabase: OrchestratorDatabase {
             // The lead is held by a connection of its own for as long as this replica decides.
             return try await store.client.withConnection { connection in
                 // A standby asked to stop has nothing to drain: it stops at once.
-                let leadership = try await cancelWhenGracefulShutdown {
-                    try await Leadership.take(
-                        on: connection, store: store, every: leaseCheck, patience: leasePatience, logger: context.logger)
+                let leadership: Leadership
+                do {
+                    leadership = try await cancelWhenGracefulShutdown {
+                        try await Leadership.take(
+                            on: connection, store: store, every: leaseCheck, patience: leasePatience, logger: context.logger)
+                    }
+                } catch is CancellationError where Task.isShuttingDownGracefully {
+                    throw StoppedWhileStandingBy()
                 }
                 let storage = OrchestratorPostgresStore(store: store, context: context, epoch: leadership.epoch)
                 // The group waits for both tasks, so `body` never outlives this call.

@@ -63,7 +63,10 @@ public struct PostgresLocation: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// How postgres-nio connects: every connection starts with `search_path` set to ``schema``,
-    /// so the service's statements name its tables without a schema.
+    /// so the service's statements name its tables without a schema, and asks the server to
+    /// probe the connection when idle: a client whose host has gone is noticed within about
+    /// 25 s (not the system's two hours), so its session ends and, for a leading orchestrator,
+    /// its lead passes on. (Unix-socket connections need no probing and ignore it.)
     public func clientConfiguration(applicationName: String) -> PostgresClient.Configuration {
         var configuration: PostgresClient.Configuration
         if let socketDirectory {
@@ -82,6 +85,7 @@ public struct PostgresLocation: Sendable, Hashable, CustomStringConvertible {
         }
         configuration.options.additionalStartupParameters = [
             ("search_path", schema), ("application_name", applicationName),
+            ("tcp_keepalives_idle", "10"), ("tcp_keepalives_interval", "5"), ("tcp_keepalives_count", "3"),
         ]
         return configuration
     }

@@ -30,6 +30,25 @@ public enum BusSecurity {
         ]
     }
 
+    /// Where `program` answers requests, as this host reaches it (its metrics ask it for its own
+    /// health there): the address it binds, with a wildcard host (`tcp://*:7101`,
+    /// `tcp://0.0.0.0:7101`) read as loopback. `nil` for a program that answers none.
+    public static func ownRequestEndpoint(of program: Program, settings: Settings) throws -> Endpoint? {
+        let service: Setting
+        switch program {
+        case .auth: service = .authRPC
+        case .profile: service = .profileRPC
+        case .imageUpload: service = .imageRPC
+        case .orchestrator: service = .orchestratorRPC
+        default: return nil
+        }
+        let bound = try settings.bindEndpoint(.rpcBind, of: service)
+        for wildcard in ["tcp://*:", "tcp://0.0.0.0:"] where bound.rawValue.hasPrefix(wildcard) {
+            return Endpoint("tcp://127.0.0.1:" + bound.rawValue.dropFirst(wildcard.count))
+        }
+        return bound
+    }
+
     /// The keys `program` runs its bus with, or `nil` when CURVE is off (`ONBOARDING_CURVE=false`).
     ///
     /// - Throws: ``SettingError`` with one line naming the key file that is missing, unreadable,
@@ -39,7 +58,15 @@ public enum BusSecurity {
         let directory = keysDirectory(settings)
         let name = settings.text(.keyName) ?? program.keyName
         do {
-            var keys = try BusKeys.load(from: directory, identity: name, servers: try serverEndpoints(settings))
+            var servers = try serverEndpoints(settings)
+            // The program asks itself for its health (metrics) at its own address, which the
+            // lists may not name as such (a wildcard bind).
+            if let own = try ownRequestEndpoint(of: program, settings: settings),
+                !servers.values.contains(where: { $0.flatMap(\.replicas).contains(own) })
+            {
+                servers[name, default: []].append(own)
+            }
+            var keys = try BusKeys.load(from: directory, identity: name, servers: servers)
             // Who may follow each publisher: the rights table, by the server that binds it. A
             // publisher asks at the address it binds, which may be a wildcard of its own.
             var publishers: [Endpoint: String] = [:]

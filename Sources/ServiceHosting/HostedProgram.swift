@@ -122,15 +122,7 @@ extension HostCommand {
     /// Where the program answers requests (its metrics ask it for its own health there), or
     /// `nil` for the gateway, which answers none on the bus.
     static func requestEndpoint(_ settings: Settings) throws -> Endpoint? {
-        let service: Setting
-        switch Hosted.program {
-        case .auth: service = .authRPC
-        case .profile: service = .profileRPC
-        case .imageUpload: service = .imageRPC
-        case .orchestrator: service = .orchestratorRPC
-        default: return nil
-        }
-        return Self.reachable(try settings.bindEndpoint(.rpcBind, of: service))
+        try BusSecurity.ownRequestEndpoint(of: Hosted.program, settings: settings)
     }
 
     /// Replicas of a service that keeps a store must share it: with SQLite each would keep its
@@ -150,14 +142,6 @@ extension HostCommand {
         }
     }
 
-    /// An address this host reaches a bound endpoint at: a wildcard host (`tcp://*:7101`,
-    /// `tcp://0.0.0.0:7101`) is loopback.
-    static func reachable(_ bound: Endpoint) -> Endpoint {
-        for wildcard in ["tcp://*:", "tcp://0.0.0.0:"] where bound.rawValue.hasPrefix(wildcard) {
-            return Endpoint("tcp://127.0.0.1:" + bound.rawValue.dropFirst(wildcard.count))
-        }
-        return bound
-    }
 }
 
 /// Starting a program's services: logging, the ZeroMQ bus, and a `ServiceGroup` that stops

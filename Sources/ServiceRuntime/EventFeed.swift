@@ -67,7 +67,9 @@ public final class EventFeed: Sendable {
     ///   - pageSize: the most events asked for at once, and the largest batch handed over.
     ///   - idleCheck: how long the live stream may be quiet before the feed asks anyway.
     ///   - reorderWait: how long a gap in the live stream may wait for the missing events to
-    ///     arrive live (another replica's, published a moment later) before they are fetched.
+    ///     arrive live (another replica's, published a moment later) before they are fetched;
+    ///     by default 20 ms when `events` lists replicas, none for one publisher (whose events
+    ///     arrive in order, so a gap is a loss).
     ///   - callTimeout: how long one `events.after` call waits for its reply.
     ///   - retry: the waits between failed calls, and after a handler failure.
     ///   - limits: the live subscription's limits; a full queue drops events that are then
@@ -75,7 +77,7 @@ public final class EventFeed: Sendable {
     public init(
         bus: any MessageBus, events: Endpoint, replay: Endpoint, topics: [String] = [""], source: String,
         serviceToken: String?, pageSize: Int = Outbox.defaultPageSize, idleCheck: Duration = .seconds(1),
-        reorderWait: Duration = .milliseconds(20),
+        reorderWait: Duration? = nil,
         callTimeout: Duration = .seconds(2), retry: RetryPolicy = RetryPolicy(), limits: MessageLimits = MessageLimits(),
         logger: Logger
     ) {
@@ -87,7 +89,7 @@ public final class EventFeed: Sendable {
         self.serviceToken = serviceToken
         self.pageSize = min(max(1, pageSize), EventsAfter.maximumLimit)
         self.idleCheck = idleCheck
-        self.reorderWait = reorderWait
+        self.reorderWait = reorderWait ?? (events.isList ? .milliseconds(20) : .zero)
         self.callTimeout = callTimeout
         self.retry = retry
         self.limits = limits
@@ -323,10 +325,14 @@ public final class EventFeed: Sendable {
                 // What was held is covered by the fetch: not received twice, so not counted.
                 let cursor = progress.cursor
                 pending.removeAll { $0.header.sequence <= cursor }
-            } else if step.duplicates > 0, lastDuplicateCheck.map({ $0.duration(to: clock.now) >= idleCheck }) ?? true {
+            } else if step.duplicates > 0,
+                (lastDuplicateCheck.map { $0.duration(to: clock.now) >= idleCheck } ?? true)
+                    || step.through - (step.lowestDuplicate ?? step.through) > UInt64(pageSize)
+            {
                 // Usually the overlap after a catch-up, or another replica's events that a fetch
                 // got first; but a publisher whose store was reset also sends numbers already
-                // seen, and a busy stream never goes quiet: ask, now and then.
+                // seen, and a busy stream never goes quiet: ask, now and then, and at once for a
+                // number far behind (a reset, not a late replica).
                 lastDuplicateCheck = clock.now
                 guard await catchUp(&progress, handle: handle) else { return }
             }

@@ -15,6 +15,8 @@ struct FeedProgress: Sendable {
         var gap: UInt64?
         /// How many events were dropped as already handled.
         var duplicates = 0
+        /// The lowest number among them.
+        var lowestDuplicate: UInt64?
     }
 
     /// What to hand over from one `events.after` page.
@@ -68,6 +70,7 @@ struct FeedProgress: Sendable {
             if sequence <= step.through {
                 statistics.duplicatesDropped += 1
                 step.duplicates += 1
+                step.lowestDuplicate = min(step.lowestDuplicate ?? sequence, sequence)
             } else {
                 step.through = sequence
                 if wants(message.topic) { step.batch.append(message) }

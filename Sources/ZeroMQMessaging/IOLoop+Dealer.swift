@@ -75,6 +75,7 @@ extension IOLoop {
                 try socket.set(ZMQ_SNDHWM, Int32(0))
                 try socket.set(ZMQ_RCVHWM, Int32(0))
                 try socket.set(ZMQ_MAXMSGSIZE, Int64(clamping: configuration.maxReplyFrameBytes))
+                try setHeartbeats(socket)
                 watch(socket, as: .dealer(endpoint), events: Self.handshakeEvents)
                 // Replicas: one socket connected to each, which takes its connected peers in
                 // turn. Each connection takes the server key set just before it.
@@ -91,6 +92,12 @@ extension IOLoop {
         dealers[endpoint] = Dealer(socket: socket)
         pollDirty = true
         return socket
+    }
+
+    /// ZMTP heartbeats on a connecting socket (see ``ZeroMQBus/Configuration/heartbeatInterval``).
+    func setHeartbeats(_ socket: Socket) throws(ServiceError) {
+        try socket.set(ZMQ_HEARTBEAT_IVL, Int32(clamping: configuration.heartbeatInterval.clampedNanoseconds / 1_000_000))
+        try socket.set(ZMQ_HEARTBEAT_TIMEOUT, Int32(clamping: configuration.heartbeatTimeout.clampedNanoseconds / 1_000_000))
     }
 
     /// Sends [request id, empty, JSON, attachment?].

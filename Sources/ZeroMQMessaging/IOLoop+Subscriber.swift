@@ -17,6 +17,7 @@ extension IOLoop {
                 // Deep, in this process's own memory: a burst is read late, not dropped.
                 try socket.set(ZMQ_RCVHWM, Int32(clamping: configuration.receiveHighWaterMark))
                 for topic in topics { try socket.subscribe(topic) }
+                try setHeartbeats(socket)
                 watch(socket, as: .subscriber(id), events: Self.handshakeEvents)
                 for endpoint in endpoints.flatMap(\.replicas) {
                     // Each connection takes the server key set just before it.

@@ -57,6 +57,12 @@ public final class ZeroMQBus: MessageBus, Service {
         /// (``BusStatistics/slowSubscribers``). A reading subscriber empties it within
         /// milliseconds; one that stops reading keeps it full (about 4 MiB on loopback).
         public var slowSubscriberBytes: Int = 1024 * 1024
+        /// How often a requesting or subscribing connection sends a ZMTP heartbeat, and how long
+        /// it waits for the answer before dropping the connection (and reconnecting). A process
+        /// that dies closes its connections at once; a host that vanishes does not, and without
+        /// these its replica would keep being sent requests until TCP gave up, minutes later.
+        public var heartbeatInterval: Duration = .seconds(1)
+        public var heartbeatTimeout: Duration = .seconds(5)
         /// CURVE keys: with them, every `tcp://` and `ipc://` socket is encrypted, servers prove
         /// their identity and admit only known clients (see ``BusKeys``). `nil`: plain sockets.
         public var keys: BusKeys?

@@ -319,6 +319,7 @@ struct ImageUploadServiceTests {
                     atPath: "\(directory)/\((path as NSString).deletingLastPathComponent)", withIntermediateDirectories: true)
                 try Samples.png.write(to: URL(fileURLWithPath: "\(directory)/\(path)"))
                 try backdate("\(directory)/\(path)")
+                try backdate("\(directory)/\((path as NSString).deletingLastPathComponent)")
             }
             try write("crashed-first-upload/.upload-\(UUID().uuidString.lowercased()).tmp")
             try write("\(uid)/.upload-\(UUID().uuidString.lowercased()).tmp")
