@@ -159,7 +159,9 @@ enum StoreInspector {
             do {
                 let folders = Set(try files.contentsOfDirectory(atPath: locations.imageDirectory))
                 for uid in uids where folders.contains(uid) {
-                    let names = (try? files.contentsOfDirectory(atPath: "\(locations.imageDirectory)/\(uid)")) ?? []
+                    // A withdrawal leaves `.withdrawn` there on purpose (it refuses late uploads).
+                    let names = ((try? files.contentsOfDirectory(atPath: "\(locations.imageDirectory)/\(uid)")) ?? [])
+                        .filter { $0 != ".withdrawn" }
                     if !names.isEmpty { snapshot.imageFiles[uid] = names.sorted() }
                 }
             } catch {

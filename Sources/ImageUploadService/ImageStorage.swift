@@ -139,6 +139,7 @@ final class ImageStorage: Sendable {
             }
             try FileManager.default.createDirectory(
                 atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: Self.folderMode])
+            try Self.refuseIfWithdrawn(folder, uid: uid)
             try Self.place(processed.thumbnail, at: "\(folder)/\(thumbnail)", replacing: true)
             do {
                 try Self.place(processed.image, at: "\(folder)/\(file)", replacing: false)
@@ -149,6 +150,13 @@ final class ImageStorage: Sendable {
                     return Stored(image: earlier, isNew: false)
                 }
                 throw failure
+            }
+            // A withdrawal's deletion may have run on another replica while this upload was
+            // under way (it marks the folder first, then deletes): what landed after it goes.
+            if Self.isRegularFile("\(folder)/\(Self.withdrawnMarker)") {
+                unlink("\(folder)/\(file)")
+                unlink("\(folder)/\(thumbnail)")
+                try Self.refuseIfWithdrawn(folder, uid: uid)
             }
             let image = StoredImage(
                 path: "\(uid)/\(file)", kind: kind, bytes: processed.image.count, thumbnailPath: "\(uid)/\(thumbnail)")
@@ -212,11 +220,29 @@ final class ImageStorage: Sendable {
     /// Deletes `uid`'s folder and everything in it, or, with `keep`, everything in it but
     /// that image and its thumbnail (the folder stays while it holds anything).
     ///
+    /// With `withdrawn` (the person withdrew; a uid is never used again), the folder stays with
+    /// one file in it, ``withdrawnMarker``, written before anything is deleted: from then on
+    /// ``store(_:uid:key:)`` refuses `uid`'s uploads, and one already under way (on another
+    /// replica sharing the folder, or held up here) removes what it wrote when it lands.
+    ///
     /// - Parameter keep: an image's file name in the folder to leave in place; it need not exist.
     /// - Returns: how many images were deleted (0 when there was no folder).
-    func deleteAll(uid: String, keeping keep: String? = nil) async throws(ServiceError) -> Int {
+    func deleteAll(uid: String, keeping keep: String? = nil, withdrawn: Bool = false) async throws(ServiceError) -> Int {
         let folder = "\(root)/\(uid)"
         return try await io("deleting the images") {
+            if withdrawn {
+                try FileManager.default.createDirectory(
+                    atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: Self.folderMode])
+                if !Self.isRegularFile("\(folder)/\(Self.withdrawnMarker)") {
+                    try Self.writeAndSync(Data(), to: "\(folder)/\(Self.withdrawnMarker)")
+                }
+                var deleted = 0
+                for name in try FileManager.default.contentsOfDirectory(atPath: folder) where name != Self.withdrawnMarker {
+                    guard unlink("\(folder)/\(name)") == 0 || errno == ENOENT else { throw POSIXFailure(call: "unlink", code: errno) }
+                    if ImagePaths.isImageFileName(name) { deleted += 1 }
+                }
+                return deleted
+            }
             let names: [String]
             do {
                 names = try FileManager.default.contentsOfDirectory(atPath: folder)
@@ -247,6 +273,8 @@ final class ImageStorage: Sendable {
             return try await withCheckedThrowingContinuation { continuation in
                 queue.async { continuation.resume(with: Result(catching: body)) }
             }
+        } catch let error as ServiceError {
+            throw error
         } catch {
             throw ServiceError(.storeUnavailable, "The image store failed while \(what) (\(error)). Try again.")
         }
@@ -261,6 +289,15 @@ final class ImageStorage: Sendable {
     }
 
     private static func isDirectory(_ path: String) -> Bool { fileType(path) == S_IFDIR }
+
+    /// The file a withdrawal leaves in the person's folder (see ``deleteAll(uid:keeping:withdrawn:)``).
+    static let withdrawnMarker = ".withdrawn"
+
+    /// Throws `forbidden` when `uid` has withdrawn.
+    private static func refuseIfWithdrawn(_ folder: String, uid: String) throws {
+        guard isRegularFile("\(folder)/\(withdrawnMarker)") else { return }
+        throw ServiceError(.forbidden, "\(uid) has withdrawn: their images are deleted, and no more are stored.")
+    }
 
     /// How old a temporary file or a thumbnail without its image must be before ``prepare()``
     /// takes it for a crash's leftover, in seconds.

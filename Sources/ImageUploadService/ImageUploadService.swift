@@ -207,7 +207,11 @@ public struct ImageUploadService: Service {
                 }
                 keep = file
             }
-            let deleted = try await storage.deleteAll(uid: uid, keeping: keep)
+            let withdrawn = request.withdrawn ?? false
+            guard !(withdrawn && keep != nil) else {
+                throw ServiceError(.invalidRequest, "A withdrawal deletes every image: 'keep' and 'withdrawn' cannot go together.")
+            }
+            let deleted = try await storage.deleteAll(uid: uid, keeping: keep, withdrawn: withdrawn)
             logger.info(
                 "deleted all images", metadata: ["uid": "\(uid)", "count": "\(deleted)", "kept": "\(request.keep ?? "-")"])
             return DeletedImages(deleted: deleted)

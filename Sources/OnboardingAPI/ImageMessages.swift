@@ -60,7 +60,13 @@ public struct DeleteAllImages: APIRequest {
     /// A path (`<uid>/<file>`) to leave in place: the image the person's profile points at,
     /// when stray images of an unfinished set-up are removed.
     public var keep: String?
-    public init(keep: String? = nil) { self.keep = keep }
+    /// The person withdrew: besides deleting, refuse their uploads from now on (`forbidden`),
+    /// and undo one still under way when it lands. Not with `keep`.
+    public var withdrawn: Bool?
+    public init(keep: String? = nil, withdrawn: Bool? = nil) {
+        self.keep = keep
+        self.withdrawn = withdrawn
+    }
 }
 
 public struct DeletedImages: Codable, Sendable, Hashable {

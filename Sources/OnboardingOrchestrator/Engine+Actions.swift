@@ -51,7 +51,7 @@ extension Engine {
                     case .deleteProfile:
                         _ = try await engine.call(DeleteProfile(reason: .withdrawal), to: engine.configuration.profileRPC, uid: uid)
                     case .deleteImages:
-                        _ = try await engine.call(DeleteAllImages(), to: engine.configuration.imageRPC, uid: uid)
+                        _ = try await engine.call(DeleteAllImages(withdrawn: true), to: engine.configuration.imageRPC, uid: uid)
                     }
                     engine.send(.cleanupFinished(uid: uid, step: step))
                 } catch {

@@ -290,6 +290,26 @@ struct ImageUploadServiceTests {
         }
     }
 
+    @Test("a withdrawal's deletion refuses the person's later uploads: one held up on another replica stores nothing")
+    func withdrawalRefusesLateUploads() async throws {
+        try await withImages { directory in
+            for image in [Samples.png, Samples.jpeg] { _ = try await upload(image) }
+            let withdrawal = DeleteAllImages(withdrawn: true)
+            #expect(try await bus.call(withdrawal, to: rpc, source: "test", uid: uid).deleted == 2)
+            #expect(contents(of: "\(directory)/\(uid)") == [".withdrawn"])
+            // An upload of a set-up that was under way (on a replica that was stopped, say).
+            try await expectRefusal(.forbidden) { try await upload(Samples.png) }
+            #expect(contents(of: "\(directory)/\(uid)") == [".withdrawn"])
+            // Repeated, the withdrawal deletes nothing more and still refuses.
+            #expect(try await bus.call(withdrawal, to: rpc, source: "test", uid: uid).deleted == 0)
+            try await expectRefusal(.invalidRequest) {
+                try await bus.call(DeleteAllImages(keep: "\(uid)/a.png", withdrawn: true), to: rpc, source: "test", uid: uid)
+            }
+            // Others are not affected.
+            _ = try await upload(Samples.png, uid: "someone-else")
+        }
+    }
+
     @Test("deleting a person's last image removes their folder")
     func deleteLastImageRemovesFolder() async throws {
         try await withImages { directory in

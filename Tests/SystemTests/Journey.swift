@@ -190,8 +190,9 @@ func runJourney(bus: any MessageBus, endpoints: SystemEndpoints, imagesRoot: URL
     let deadline = clock.now.advanced(by: .seconds(10))
     var freed = false
     while clock.now < deadline, !freed {
-        freed = try await app.checkUsername(username).available
-            && !FileManager.default.fileExists(atPath: imagesRoot.appendingPathComponent(uid).path)
+        // The folder holds nothing but the withdrawal's mark, which refuses late uploads.
+        let left = (try? FileManager.default.contentsOfDirectory(atPath: imagesRoot.appendingPathComponent(uid).path)) ?? []
+        freed = try await app.checkUsername(username).available && left.allSatisfy { $0 == ".withdrawn" }
         if !freed { try await Task.sleep(for: .milliseconds(10)) }
     }
     #expect(freed, "the username and images of a withdrawn person are removed")
