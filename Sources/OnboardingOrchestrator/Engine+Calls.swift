@@ -23,7 +23,13 @@ extension Engine {
             correlationId: correlationId, attachment: attachment, timeout: configuration.callTimeout)
     }
 
+    /// A cancelled step (the orchestrator stopping, or losing its lead) is `shuttingDown`, which
+    /// callers send again, to whichever orchestrator answers next.
     static func serviceError(_ error: any Error) -> ServiceError {
-        (error as? ServiceError) ?? ServiceError(.internalError, "\(error)")
+        if let error = error as? ServiceError { return error }
+        if error is CancellationError {
+            return ServiceError(.shuttingDown, "This orchestrator stopped before it finished; send the request again.")
+        }
+        return ServiceError(.internalError, "\(error)")
     }
 }
