@@ -34,19 +34,24 @@ public enum BusSecurity {
     /// health there): the address it binds, with a wildcard host (`tcp://*:7101`,
     /// `tcp://0.0.0.0:7101`) read as loopback. `nil` for a program that answers none.
     public static func ownRequestEndpoint(of program: Program, settings: Settings) throws -> Endpoint? {
-        let service: Setting
-        switch program {
-        case .auth: service = .authRPC
-        case .profile: service = .profileRPC
-        case .imageUpload: service = .imageRPC
-        case .orchestrator: service = .orchestratorRPC
-        default: return nil
-        }
+        guard let service = requestSetting(of: program) else { return nil }
         let bound = try settings.bindEndpoint(.rpcBind, of: service)
         for wildcard in ["tcp://*:", "tcp://0.0.0.0:"] where bound.rawValue.hasPrefix(wildcard) {
             return Endpoint("tcp://127.0.0.1:" + bound.rawValue.dropFirst(wildcard.count))
         }
         return bound
+    }
+
+    /// The setting that lists `program`'s request endpoints (one per replica), or `nil` for a
+    /// program that answers no requests on the bus.
+    public static func requestSetting(of program: Program) -> Setting? {
+        switch program {
+        case .auth: .authRPC
+        case .profile: .profileRPC
+        case .imageUpload: .imageRPC
+        case .orchestrator: .orchestratorRPC
+        default: nil
+        }
     }
 
     /// The keys `program` runs its bus with, or `nil` when CURVE is off (`ONBOARDING_CURVE=false`).

@@ -128,12 +128,9 @@ extension HostCommand {
     /// Replicas of a service that keeps a store must share it: with SQLite each would keep its
     /// own accounts and number its own events.
     static func checkReplicasShareAStore(_ settings: Settings) throws {
-        guard Program.publishers.contains(Hosted.program), settings.text(.postgresURL) == nil else { return }
-        let own: Setting = switch Hosted.program {
-        case .auth: .authRPC
-        case .profile: .profileRPC
-        default: .orchestratorRPC
-        }
+        guard Program.publishers.contains(Hosted.program), settings.text(.postgresURL) == nil,
+            let own = BusSecurity.requestSetting(of: Hosted.program)
+        else { return }
         let replicas = try settings.endpoint(own).replicas.count
         guard replicas == 1 else {
             throw SettingError(
