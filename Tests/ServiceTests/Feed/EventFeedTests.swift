@@ -1,4 +1,5 @@
 import Foundation
+import FuzzKit
 import GRDB
 import Logging
 import Messaging
@@ -320,6 +321,43 @@ struct FeedProgressTests {
         #expect(state.cursor == 5)
         #expect(state.statistics.handled == 2)
         #expect(state.statistics.replayed == 0)
+    }
+
+    @Test("events of two replicas in any interleaving are handed over once each, in order; a gap is only ever a number still on its way",
+          arguments: 0..<200)
+    func replicaInterleavings(seed: Int) throws {
+        var random = FuzzRandom(seed: 0x5EED_F00D, case: seed)
+        let count = random.int(1...40)
+        // Each event is one replica's; each replica publishes its own in order.
+        var replicas: [[UInt64]] = [[], []]
+        for sequence in 1...UInt64(count) { replicas[random.int(0..<2)].append(sequence) }
+        var arrivals: [UInt64] = []
+        while !replicas[0].isEmpty || !replicas[1].isEmpty {
+            let from = replicas[0].isEmpty ? 1 : replicas[1].isEmpty ? 0 : random.int(0..<2)
+            arrivals.append(replicas[from].removeFirst())
+        }
+        var state = progress(at: 0)
+        var pending: [Message] = []
+        var delivered: [UInt64] = []
+        var arrived = 0
+        var rounds = 0
+        while arrived < arrivals.count || !pending.isEmpty {
+            rounds += 1
+            try #require(rounds < 10_000, "the feed stopped taking what had all arrived")
+            // The live queue is read in chunks of any size, as they happen to have arrived.
+            let chunk = random.int(0...(arrivals.count - arrived))
+            pending += try arrivals[arrived..<(arrived + chunk)].map { try event($0) }
+            arrived += chunk
+            let step = state.planLive(&pending)
+            delivered += step.batch.map(\.header.sequence)
+            state.handled(step.batch.count, through: step.through, replayed: false)
+            if let gap = step.gap {
+                let missing = (step.through + 1)..<gap
+                #expect(missing.contains { !arrivals[..<arrived].contains($0) }, "a gap at \(gap) with nothing missing below it")
+            }
+        }
+        #expect(delivered == Array(1...UInt64(count)))
+        #expect(state.statistics.duplicatesDropped == 0)
     }
 
     @Test("a page: events after the cursor, caught up at the newest")
