@@ -1,5 +1,6 @@
 import Logging
 import Messaging
+import NIOCore
 import OnboardingAPI
 import PostgresNIO
 import ServiceRuntime
@@ -22,6 +23,9 @@ public final class PostgresStore: Sendable {
     /// `statement_timeout` cannot help when it does not answer at all).
     public let timeout: Duration
     let logger: Logger
+    /// Where every connection of the pool does its I/O and where transactions run: on one
+    /// thread, so a statement's round trip wakes no other thread.
+    let executor: EventLoopTaskExecutor
 
     public init(
         location: PostgresLocation, applicationName: String, timeout: Duration = .seconds(5), maxConnections: Int = 20,
@@ -31,7 +35,8 @@ public final class PostgresStore: Sendable {
         configuration.options.maximumConnections = maxConnections
         configuration.options.connectTimeout = timeout
         self.location = location
-        self.client = PostgresClient(configuration: configuration, backgroundLogger: logger)
+        self.executor = EventLoopTaskExecutor(MultiThreadedEventLoopGroup.singleton.next())
+        self.client = PostgresClient(configuration: configuration, eventLoopGroup: executor.loop, backgroundLogger: logger)
         self.timeout = timeout
         self.logger = logger
     }
@@ -184,6 +189,8 @@ public final class PostgresStore: Sendable {
     /// does not wait for `work` to notice it was cancelled (a query on a connection the server
     /// ended may never answer).
     ///
+    /// `work` runs on the pool's event loop (``executor``).
+    ///
     /// On timeout, or when the caller is cancelled, `work` is cancelled: a lease still waiting
     /// for a connection is withdrawn. A statement already sent cannot be taken back
     /// (postgres-nio), so a transaction that commits late has still committed: hence "may have
@@ -192,11 +199,11 @@ public final class PostgresStore: Sendable {
         _ limit: Duration, _ work: @escaping @Sendable () async throws -> T
     ) async throws -> T {
         let race = FirstResult<T>()
-        let worker = Task {
+        let worker = Task(executorPreference: executor) {
             do { race.finish(.success(try await work())) } catch { race.finish(.failure(error)) }
         }
-        let timer = Task {
-            try await Task.sleep(for: limit)
+        // A timer of the loop's own: it needs no task and no thread of its own.
+        let timer = executor.loop.scheduleTask(in: TimeAmount(limit)) {
             race.finish(.failure(ServiceError(
                 .timeout,
                 "The store did not answer within \(limit): the change may or may not have been made. Try again "
