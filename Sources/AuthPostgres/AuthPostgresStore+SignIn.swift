@@ -58,15 +58,28 @@ extension Batch {
     /// - Returns: each job's account and session, `nil` for a job whose account another
     ///   transaction created while this one waited (the statement's snapshot cannot see it).
     private func createAndOpen(_ jobs: [SignInJob], digests: [String]) async throws -> [Opened?] {
-        let candidates = jobs.map { _ in Identifier.timeOrdered(now: now) }
-        let rows = try await connection.query(
-            """
+        let statement = CreateAndOpen(
+            candidates: jobs.map { _ in Identifier.timeOrdered(now: now) }, providers: jobs.map(\.provider.rawValue),
+            subjects: jobs.map(\.subject), digests: digests, now: now)
+        let rows = try await connection.execute(statement, logger: logger)
+        var accounts: [Opened?] = []
+        for try await (uid, isNew, id) in rows {
+            accounts.append(uid.flatMap { uid in id.map { (uid, isNew, $0) } })
+        }
+        guard accounts.count == jobs.count else {
+            throw ServiceError(.storeUnavailable, "A sign-in of the batch went missing; try again.")
+        }
+        return accounts
+    }
+
+    /// ``createAndOpen(_:digests:)``'s statement, prepared: every batch of sign-ins runs it.
+    struct CreateAndOpen: PostgresPreparedStatement {
+        static let sql = """
             WITH input AS (
-              SELECT * FROM unnest(\(candidates)::text[], \(jobs.map(\.provider.rawValue))::text[],
-                \(jobs.map(\.subject))::text[], \(digests)::text[]) WITH ORDINALITY AS x(candidate, provider, subject, digest, n)),
+              SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS x(candidate, provider, subject, digest, n)),
             created AS (
               INSERT INTO account (uid, provider, subject, created_at)
-              SELECT candidate, provider, subject, \(now) FROM input ORDER BY provider, subject, n
+              SELECT candidate, provider, subject, $5 FROM input ORDER BY provider, subject, n
               ON CONFLICT (provider, subject) DO NOTHING
               RETURNING uid, provider, subject),
             resolved AS (
@@ -76,21 +89,27 @@ extension Batch {
               LEFT JOIN account a ON a.provider = i.provider AND a.subject = i.subject),
             opened AS (
               INSERT INTO session (token, uid, created_at, last_used_at)
-              SELECT digest, uid, \(now), \(now) FROM resolved WHERE uid IS NOT NULL ORDER BY n
+              SELECT digest, uid, $5, $5 FROM resolved WHERE uid IS NOT NULL ORDER BY n
               RETURNING id, token)
             SELECT r.uid, r.is_new, o.id
             FROM resolved r LEFT JOIN opened o ON o.token = r.digest
             ORDER BY r.n
-            """,
-            logger: logger)
-        var accounts: [Opened?] = []
-        for try await (uid, isNew, id) in rows.decode((String?, Bool, Int64?).self) {
-            accounts.append(uid.flatMap { uid in id.map { (uid, isNew, $0) } })
+            """
+        /// A fresh uid per job, taken by the jobs whose account is new.
+        var candidates: [String]
+        var providers: [String], subjects: [String], digests: [String]
+        var now: Date
+
+        func makeBindings() -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 5)
+            for texts in [candidates, providers, subjects, digests] { bindings.append(texts) }
+            bindings.append(now)
+            return bindings
         }
-        guard accounts.count == jobs.count else {
-            throw ServiceError(.storeUnavailable, "A sign-in of the batch went missing; try again.")
+
+        func decodeRow(_ row: PostgresRow) throws -> (String?, Bool, Int64?) {
+            try row.decode((String?, Bool, Int64?).self)
         }
-        return accounts
     }
 
     /// Opens the sessions of the jobs whose accounts another transaction created meanwhile (two

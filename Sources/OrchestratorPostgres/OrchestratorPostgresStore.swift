@@ -108,17 +108,10 @@ final class OrchestratorPostgresStore: BufferedDecisionStore {
     private static func people(
         _ uids: [String], ifLeading epoch: Int64, on connection: PostgresConnection, logger: Logger
     ) async throws -> [String: OnboardingStateMachine.PersistedPerson] {
-        let rows = try await connection.query(
-            """
-            SELECT l.epoch, \(unescaped: personColumns("p"))
-            FROM leader l LEFT JOIN person p ON p.uid = ANY(\(uids))
-            WHERE l.id = 1
-            """,
-            logger: logger)
         var current: Int64?
         var people: [String: OnboardingStateMachine.PersistedPerson] = [:]
-        for try await (term, uid, profile, asOf, sessions, owes, pending, withdrawn, cleanup, intentId, intent, reason) in rows.decode(
-            (Int64, String?, String?, Int64?, Int64?, Bool?, String?, Bool?, String?, String?, String?, String?).self)
+        for try await (term, uid, profile, asOf, sessions, owes, pending, withdrawn, cleanup, intentId, intent, reason)
+            in try await connection.execute(ReadPeople(uids: uids), logger: logger)
         {
             current = term
             guard let uid, let profile, let asOf, let sessions, let owes, let withdrawn, let cleanup else { continue }
@@ -132,6 +125,28 @@ final class OrchestratorPostgresStore: BufferedDecisionStore {
                 .storeUnavailable, "Another orchestrator leads now (term \(current.map(String.init) ?? "?")); this one stops deciding.")
         }
         return people
+    }
+
+    /// ``people(_:ifLeading:on:logger:)``'s statement, prepared: every batch of decisions runs it.
+    struct ReadPeople: PostgresPreparedStatement {
+        static let sql = """
+            SELECT l.epoch, \(personColumns("p"))
+            FROM leader l LEFT JOIN person p ON p.uid = ANY($1::text[])
+            WHERE l.id = 1
+            """
+        var uids: [String]
+
+        func makeBindings() -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 1)
+            bindings.append(uids)
+            return bindings
+        }
+
+        func decodeRow(_ row: PostgresRow) throws
+            -> (Int64, String?, String?, Int64?, Int64?, Bool?, String?, Bool?, String?, String?, String?, String?)
+        {
+            try row.decode((Int64, String?, String?, Int64?, Int64?, Bool?, String?, Bool?, String?, String?, String?, String?).self)
+        }
     }
 
     private static func personColumns(_ table: String) -> String {
@@ -179,41 +194,80 @@ final class OrchestratorPostgresStore: BufferedDecisionStore {
                 logger: logger)
         }
         if !buffer.saved.isEmpty {
-            let rows = buffer.saved.map(\.row)
-            let published = buffer.saved.map(\.published)
             // An intent emitted in this transaction goes in with its route sequence and time; one
             // in force from before keeps what was recorded with it; none clears them.
-            try await connection.query(
-                """
-                INSERT INTO person (uid, profile, profile_as_of, sessions, owes_dismiss, pending_check, withdrawn, cleanup,
-                                    intent_id, intent, reason, intent_sequence, intent_time)
-                SELECT u, p, a, n, o, NULLIF(c, ''), w, l, NULLIF(i, ''), NULLIF(k, ''), NULLIF(r, ''), NULLIF(s, -1), NULLIF(t, '')
-                FROM unnest(\(rows.map(\.uid)), \(rows.map(\.profile)), \(rows.map(\.profileAsOf)), \(rows.map { Int64($0.sessions) }),
-                            \(rows.map(\.owesDismiss)), \(rows.map { $0.pendingCheck ?? "" }), \(rows.map(\.withdrawn)), \(rows.map(\.cleanup)),
-                            \(rows.map { $0.intentId ?? "" }), \(rows.map { $0.intent ?? "" }), \(rows.map { $0.reason ?? "" }),
-                            \(published.map { $0.map { Int64(clamping: $0.sequence) } ?? -1 }), \(published.map { $0?.time ?? "" }))
-                  AS x(u, p, a, n, o, c, w, l, i, k, r, s, t)
-                ON CONFLICT (uid) DO UPDATE SET
-                  profile = excluded.profile, profile_as_of = excluded.profile_as_of, sessions = excluded.sessions,
-                  owes_dismiss = excluded.owes_dismiss, pending_check = excluded.pending_check, withdrawn = excluded.withdrawn,
-                  cleanup = excluded.cleanup, intent_id = excluded.intent_id, intent = excluded.intent, reason = excluded.reason,
-                  intent_sequence = CASE WHEN excluded.intent_id IS NULL THEN NULL
-                                         ELSE coalesce(excluded.intent_sequence, person.intent_sequence) END,
-                  intent_time = CASE WHEN excluded.intent_id IS NULL THEN NULL
-                                     ELSE coalesce(excluded.intent_time, person.intent_time) END
-                """,
-                logger: logger)
+            let statement = SavePeople(rows: buffer.saved.map(\.row), published: buffer.saved.map(\.published))
+            _ = try await connection.execute(statement, logger: logger)
         }
         if !buffer.cursors.isEmpty {
             let cursors = buffer.cursors.sorted { $0.key < $1.key }
-            try await connection.query(
-                """
-                INSERT INTO cursor (publisher, sequence)
-                SELECT * FROM unnest(\(cursors.map(\.key)), \(cursors.map { Int64(clamping: $0.value) }))
-                ON CONFLICT (publisher) DO UPDATE SET sequence = excluded.sequence
-                """,
-                logger: logger)
+            _ = try await connection.execute(
+                SaveCursors(publishers: cursors.map(\.key), sequences: cursors.map { Int64(clamping: $0.value) }), logger: logger)
         }
+    }
+
+    /// The rows of a batch's people (``write(_:on:logger:)``), prepared: every batch of
+    /// decisions runs it.
+    struct SavePeople: PostgresPreparedStatement {
+        static let sql = """
+            INSERT INTO person (uid, profile, profile_as_of, sessions, owes_dismiss, pending_check, withdrawn, cleanup,
+                                intent_id, intent, reason, intent_sequence, intent_time)
+            SELECT u, p, a, n, o, NULLIF(c, ''), w, l, NULLIF(i, ''), NULLIF(k, ''), NULLIF(r, ''), NULLIF(s, -1), NULLIF(t, '')
+            FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::boolean[], $6::text[], $7::boolean[], $8::text[],
+                        $9::text[], $10::text[], $11::text[], $12::bigint[], $13::text[])
+              AS x(u, p, a, n, o, c, w, l, i, k, r, s, t)
+            ON CONFLICT (uid) DO UPDATE SET
+              profile = excluded.profile, profile_as_of = excluded.profile_as_of, sessions = excluded.sessions,
+              owes_dismiss = excluded.owes_dismiss, pending_check = excluded.pending_check, withdrawn = excluded.withdrawn,
+              cleanup = excluded.cleanup, intent_id = excluded.intent_id, intent = excluded.intent, reason = excluded.reason,
+              intent_sequence = CASE WHEN excluded.intent_id IS NULL THEN NULL
+                                     ELSE coalesce(excluded.intent_sequence, person.intent_sequence) END,
+              intent_time = CASE WHEN excluded.intent_id IS NULL THEN NULL
+                                 ELSE coalesce(excluded.intent_time, person.intent_time) END
+            """
+        var rows: [PersonRow]
+        /// Per row: the intent emitted for it in this transaction, if any.
+        var published: [OrchestratorStore.PublishedIntent?]
+
+        func makeBindings() -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 13)
+            bindings.append(rows.map(\.uid))
+            bindings.append(rows.map(\.profile))
+            bindings.append(rows.map(\.profileAsOf))
+            bindings.append(rows.map { Int64($0.sessions) })
+            bindings.append(rows.map(\.owesDismiss))
+            bindings.append(rows.map { $0.pendingCheck ?? "" })
+            bindings.append(rows.map(\.withdrawn))
+            bindings.append(rows.map(\.cleanup))
+            bindings.append(rows.map { $0.intentId ?? "" })
+            bindings.append(rows.map { $0.intent ?? "" })
+            bindings.append(rows.map { $0.reason ?? "" })
+            bindings.append(published.map { $0.map { Int64(clamping: $0.sequence) } ?? -1 })
+            bindings.append(published.map { $0?.time ?? "" })
+            return bindings
+        }
+
+        func decodeRow(_ row: PostgresRow) throws {}
+    }
+
+    /// The feeds' cursors (``write(_:on:logger:)``), prepared: most batches of decisions run it.
+    struct SaveCursors: PostgresPreparedStatement {
+        static let sql = """
+            INSERT INTO cursor (publisher, sequence)
+            SELECT * FROM unnest($1::text[], $2::bigint[])
+            ON CONFLICT (publisher) DO UPDATE SET sequence = excluded.sequence
+            """
+        var publishers: [String]
+        var sequences: [Int64]
+
+        func makeBindings() -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 2)
+            bindings.append(publishers)
+            bindings.append(sequences)
+            return bindings
+        }
+
+        func decodeRow(_ row: PostgresRow) throws {}
     }
 
     // MARK: Reading

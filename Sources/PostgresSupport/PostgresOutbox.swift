@@ -73,6 +73,22 @@ public struct PostgresOutbox: Sendable {
     /// never wait for each other's rows in a cycle, and each reads what the one before committed.
     public static let lockHead = "SELECT sequence FROM outbox_head WHERE id = 1 FOR UPDATE"
 
+    /// ``lockHead`` as a prepared statement.
+    public struct LockHead: PostgresPreparedStatement {
+        public static let sql = PostgresOutbox.lockHead
+        public init() {}
+        public func makeBindings() -> PostgresBindings { PostgresBindings() }
+        public func decodeRow(_ row: PostgresRow) throws -> Int64 { try row.decode(Int64.self) }
+    }
+
+    /// The last sequence number assigned, from ``lockHead`` run on `connection`.
+    public static func lockedHead(on connection: PostgresConnection, logger: Logger) async throws -> Int64 {
+        var last: Int64?
+        for try await sequence in try await connection.execute(LockHead(), logger: logger) { last = sequence }
+        guard let last else { throw ServiceError(.storeUnavailable, "The outbox has no head row: was the store migrated?") }
+        return last
+    }
+
     /// Records `events` in the transaction open on `connection`, numbered on from the last
     /// event of the service, and returns them as messages to publish once it has committed
     /// (and to drop if it rolls back). For a transaction that did not start with ``lockHead``.
@@ -80,10 +96,7 @@ public struct PostgresOutbox: Sendable {
         _ events: [Recording], on connection: PostgresConnection, logger: Logger
     ) async throws -> [OutgoingMessage] {
         guard !events.isEmpty else { return [] }
-        let rows = try await connection.query(PostgresQuery(unsafeSQL: Self.lockHead), logger: logger)
-        var last: Int64?
-        for try await sequence in rows.decode(Int64.self) { last = sequence }
-        guard let last else { throw ServiceError(.storeUnavailable, "The outbox has no head row: was it migrated?") }
+        let last = try await Self.lockedHead(on: connection, logger: logger)
         return try await record(events, after: last, on: connection, logger: logger)
     }
 
@@ -111,17 +124,33 @@ public struct PostgresOutbox: Sendable {
             times.append(event.time)
             messages.append(OutgoingMessage(topic: event.topic, body: body))
         }
-        let newest = last + Int64(events.count)
-        try await connection.query(
-            """
-            WITH head AS (UPDATE outbox_head SET sequence = \(newest) WHERE id = 1)
+        let rows = Record(
+            newest: last + Int64(events.count), sequences: sequences, types: types, topics: topics, uids: uids,
+            envelopes: envelopes, times: times)
+        _ = try await connection.execute(rows, logger: logger)
+        return messages
+    }
+
+    /// Inserts events and moves the head past them (prepared: every event-writing transaction runs it).
+    struct Record: PostgresPreparedStatement {
+        static let sql = """
+            WITH head AS (UPDATE outbox_head SET sequence = $1 WHERE id = 1)
             INSERT INTO outbox (sequence, type, topic, uid, envelope, created_at)
             SELECT s, t, p, NULLIF(u, ''), e, c
-            FROM unnest(\(sequences)::bigint[], \(types)::text[], \(topics)::text[], \(uids)::text[], \(envelopes)::text[], \(times)::text[])
-              AS x(s, t, p, u, e, c)
-            """,
-            logger: logger)
-        return messages
+            FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) AS x(s, t, p, u, e, c)
+            """
+        var newest: Int64
+        var sequences: [Int64], types: [String], topics: [String], uids: [String], envelopes: [String], times: [String]
+
+        func makeBindings() -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 7)
+            bindings.append(newest)
+            bindings.append(sequences)
+            for texts in [types, topics, uids, envelopes, times] { bindings.append(texts) }
+            return bindings
+        }
+
+        func decodeRow(_ row: PostgresRow) throws {}
     }
 
     // MARK: Replay

@@ -136,11 +136,7 @@ public final class PostgresStore: Sendable {
                 let result: T
                 do {
                     try await connection.query("BEGIN", logger: logger)
-                    var last: Int64?
-                    for try await sequence in try await connection.query(PostgresQuery(unsafeSQL: PostgresOutbox.lockHead), logger: logger)
-                        .decode(Int64.self)
-                    { last = sequence }
-                    guard let last else { throw ServiceError(.storeUnavailable, "The outbox has no head row: was the store migrated?") }
+                    let last = try await PostgresOutbox.lockedHead(on: connection, logger: logger)
                     result = try await body(connection, last)
                 } catch {
                     _ = try? await connection.query("ROLLBACK", logger: logger)
