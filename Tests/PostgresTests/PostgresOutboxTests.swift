@@ -243,6 +243,15 @@ struct PostgresStoreTests {
         }
     }
 
+    @Test("every connection plans each run of a prepared statement for its own inputs (a generic plan, made while the tables were small, slowed every batch once they grew)")
+    func customPlans() async throws {
+        try await withTestSchema { client, _ in
+            for try await mode in try await client.query("SHOW plan_cache_mode", logger: quietLogger).decode(String.self) {
+                #expect(mode == "force_custom_plan")
+            }
+        }
+    }
+
     @Test("the retention loop prunes a PostgreSQL outbox while the service runs", .enabled(if: testDatabaseURL != nil))
     func retentionLoop() async throws {
         try await withTestSchema { client, location in
