@@ -42,29 +42,46 @@ final class ImageStorage: Sendable {
     /// Files are created, and tightened to, this mode: only their owner may read them.
     static let fileMode: mode_t = 0o600
 
+    /// What ``prepare()`` removed.
+    struct Sweep: Sendable, Hashable {
+        /// Temporary upload files a crash left.
+        var temporaryFiles = 0
+        /// Folders of people who withdrew more than ``withdrawnMarkAge`` ago (their mark and all).
+        var withdrawals = 0
+    }
+
     /// Creates the images root if it does not exist, tightens the modes of what is there (the
     /// root and each person's folder 0700, each file 0600), and clears what a crash left behind:
     /// temporary upload files (`.upload-*.tmp`, never valid images), thumbnails whose image is
-    /// gone, and person folders that are then empty.
+    /// gone, and person folders that are then empty. It also removes the folders that hold only
+    /// the mark of a withdrawal (``withdrawnMarker``) made ``withdrawnMarkAge`` or more ago:
+    /// nothing is kept for a person who withdrew longer than that.
     ///
     /// Replicas may share the folder, so a file counts as left behind only once it is
     /// ``leftoverAge`` old: younger ones may be another replica's upload under way (which takes
-    /// milliseconds), and are left for a later start.
+    /// milliseconds), and are left for a later sweep.
     ///
-    /// - Returns: how many temporary upload files were removed.
-    func prepare() async throws(ServiceError) -> Int {
+    /// The service sweeps at start and every ``ImageUploadService/sweepInterval`` after.
+    func prepare() async throws(ServiceError) -> Sweep {
         let root = self.root
         return try await io("preparing the images folder") {
             try FileManager.default.createDirectory(
                 atPath: root, withIntermediateDirectories: true, attributes: [.posixPermissions: Self.folderMode])
             try Self.posix("chmod") { chmod(root, Self.folderMode) }
-            var removed = 0
+            var swept = Sweep()
             // What another replica removes meanwhile (ENOENT) is simply gone.
             for uid in try FileManager.default.contentsOfDirectory(atPath: root) where ImagePaths.isSafeUID(uid) {
                 let folder = "\(root)/\(uid)"
                 guard Self.isDirectory(folder) else { continue }
                 try Self.posixUnlessGone("chmod") { chmod(folder, Self.folderMode) }
                 guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder) else { continue }
+                let mark = "\(folder)/\(Self.withdrawnMarker)"
+                if names == [Self.withdrawnMarker], Self.isOlder(mark, than: Self.withdrawnMarkAge) {
+                    try Self.posixUnlessGone("unlink") { unlink(mark) }
+                    try Self.removeFolderIfEmpty(folder)
+                    swept.withdrawals += 1
+                    continue
+                }
                 // Before removing anything (which makes it young): a young folder may be another
                 // replica's, about to get its first image.
                 let settled = Self.isLeftover(folder)
@@ -75,7 +92,7 @@ final class ImageStorage: Sendable {
                         // Made 0600; a young one is another replica's upload under way.
                         guard Self.isLeftover(path) else { continue }
                         try Self.posixUnlessGone("unlink") { unlink(path) }
-                        removed += 1
+                        swept.temporaryFiles += 1
                     } else if StoredImagePath.isThumbnailFileName(name), !present.contains(Self.imageFileName(ofThumbnail: name)),
                         Self.isLeftover(path)
                     {
@@ -87,7 +104,7 @@ final class ImageStorage: Sendable {
                 }
                 if settled { try Self.removeFolderIfEmpty(folder) }
             }
-            return removed
+            return swept
         }
     }
 
@@ -303,11 +320,21 @@ final class ImageStorage: Sendable {
     /// takes it for a crash's leftover, in seconds.
     static let leftoverAge = 60
 
+    /// How long a withdrawal's mark is kept, in seconds: a day. An upload held up by a stopped
+    /// replica gave up (its request's deadline is seconds) long before; the uid is never used
+    /// again, so nothing needs the mark after that.
+    static let withdrawnMarkAge = 86_400
+
     /// Whether `path` was last changed ``leftoverAge`` or more seconds ago.
     private static func isLeftover(_ path: String) -> Bool {
+        isOlder(path, than: leftoverAge)
+    }
+
+    /// Whether `path` was last changed `age` or more seconds ago.
+    private static func isOlder(_ path: String, than age: Int) -> Bool {
         var status = stat()
         guard lstat(path, &status) == 0 else { return false }
-        return Int(time(nil)) - Int(status.st_mtim.tv_sec) >= leftoverAge
+        return Int(time(nil)) - Int(status.st_mtim.tv_sec) >= age
     }
 
     private static func isRegularFile(_ path: String) -> Bool { fileType(path) == S_IFREG }

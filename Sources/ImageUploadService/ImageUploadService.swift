@@ -122,12 +122,7 @@ public struct ImageUploadService: Service {
     /// ``run()`` with a processor made elsewhere (tests hold its decode threads).
     func run(processor: ImageProcessor) async throws {
         let storage = ImageStorage(root: configuration.directory)
-        let leftovers = try await storage.prepare()
-        if leftovers > 0 {
-            logger.notice(
-                "removed temporary upload files left by an earlier run",
-                metadata: ["count": "\(leftovers)", "directory": "\(configuration.directory)"])
-        }
+        Self.report(try await storage.prepare(), in: configuration.directory, logger: logger)
         let limits = configuration.imageLimits
         logger.info(
             "image-upload keeps images in \(configuration.directory)",
@@ -141,7 +136,41 @@ public struct ImageUploadService: Service {
                 storage: storage, processor: processor, maxImageBytes: configuration.maxImageBytes,
                 serviceToken: configuration.serviceToken, logger: logger),
             logger: logger, maxInFlight: 32)
-        try await server.run()
+        try await withThrowingDiscardingTaskGroup { group in
+            group.addTask { [logger, directory = configuration.directory] in
+                await Self.sweep(storage, every: Self.sweepInterval, in: directory, logger: logger)
+            }
+            try await server.run()
+            group.cancelAll()
+        }
+    }
+
+    /// How often the images folder is swept while the service runs (see ``ImageStorage/prepare()``).
+    static let sweepInterval = Duration.seconds(3600)
+
+    /// Sweeps the images folder every `interval` until cancelled. A sweep that fails is logged
+    /// and tried again at the next one.
+    private static func sweep(_ storage: ImageStorage, every interval: Duration, in directory: String, logger: Logger) async {
+        while (try? await Task.sleep(for: interval)) != nil {
+            do {
+                report(try await storage.prepare(), in: directory, logger: logger)
+            } catch {
+                logger.warning("sweeping the images folder failed: \(error.message); it is tried again in \(interval)")
+            }
+        }
+    }
+
+    private static func report(_ sweep: ImageStorage.Sweep, in directory: String, logger: Logger) {
+        if sweep.temporaryFiles > 0 {
+            logger.notice(
+                "removed temporary upload files a crash left",
+                metadata: ["count": "\(sweep.temporaryFiles)", "directory": "\(directory)"])
+        }
+        if sweep.withdrawals > 0 {
+            logger.info(
+                "removed the folders of people who withdrew over a day ago (their withdrawal marks)",
+                metadata: ["count": "\(sweep.withdrawals)", "directory": "\(directory)"])
+        }
     }
 
     private static func dispatcher(

@@ -362,6 +362,26 @@ struct ImageUploadServiceTests {
         #expect(notices.first?.metadata["count"] == "3")
     }
 
+    @Test("a withdrawal's mark is removed, folder and all, by the first sweep a day after; a younger one still refuses uploads")
+    func oldWithdrawalMarksGo() async throws {
+        let (old, recent) = ("withdrew-long-ago", "withdrew-recently")
+        let messages = LogCapture()
+        let marks = { (directory: String) throws in
+            for person in [old, recent] {
+                try FileManager.default.createDirectory(atPath: "\(directory)/\(person)", withIntermediateDirectories: true)
+                try Data().write(to: URL(fileURLWithPath: "\(directory)/\(person)/.withdrawn"))
+            }
+            let dayAndMinute = Date(timeIntervalSinceNow: -(86_400 + 60))
+            try FileManager.default.setAttributes([.modificationDate: dayAndMinute], ofItemAtPath: "\(directory)/\(old)/.withdrawn")
+        }
+        try await withImages(logger: messages.logger, before: marks) { directory in
+            #expect(contents(of: directory) == [recent])
+            try await expectRefusal(.forbidden) { try await upload(Samples.png, uid: recent) }
+        }
+        let notices = messages.entries.filter { $0.message.contains("withdrew over a day ago") }
+        #expect(notices.first?.metadata["count"] == "1")
+    }
+
     @Test("image folders are 0700 and images 0600; what an earlier version left open is tightened at start")
     func fileModes() async throws {
         let older = "\(UUID().uuidString.lowercased()).png"
