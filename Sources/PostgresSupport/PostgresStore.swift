@@ -34,6 +34,13 @@ public final class PostgresStore: Sendable {
         var configuration = location.clientConfiguration(applicationName: applicationName)
         configuration.options.maximumConnections = maxConnections
         configuration.options.connectTimeout = timeout
+        // The pool starts two timer tasks for every connection it takes back while it holds
+        // more than its minimum or pings idle connections, and stops them at the next lease: a
+        // few tasks and a dispatch timer per transaction. Two connections (what a store's one
+        // committing task and a read mostly need) stay open without either; a dead one is
+        // found by the next statement on it (and the server's keepalive probes).
+        configuration.options.minimumConnections = min(2, maxConnections)
+        configuration.options.keepAliveBehavior = nil
         self.location = location
         self.executor = EventLoopTaskExecutor(MultiThreadedEventLoopGroup.singleton.next())
         self.client = PostgresClient(configuration: configuration, eventLoopGroup: executor.loop, backgroundLogger: logger)
