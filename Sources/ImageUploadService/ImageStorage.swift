@@ -64,48 +64,59 @@ final class ImageStorage: Sendable {
     /// The service sweeps at start and every ``ImageUploadService/sweepInterval`` after.
     func prepare() async throws(ServiceError) -> Sweep {
         let root = self.root
-        return try await io("preparing the images folder") {
+        let uids = try await io("preparing the images folder") {
             try FileManager.default.createDirectory(
                 atPath: root, withIntermediateDirectories: true, attributes: [.posixPermissions: Self.folderMode])
             try Self.posix("chmod") { chmod(root, Self.folderMode) }
-            var swept = Sweep()
-            // What another replica removes meanwhile (ENOENT) is simply gone.
-            for uid in try FileManager.default.contentsOfDirectory(atPath: root) where ImagePaths.isSafeUID(uid) {
-                let folder = "\(root)/\(uid)"
-                guard Self.isDirectory(folder) else { continue }
-                try Self.posixUnlessGone("chmod") { chmod(folder, Self.folderMode) }
-                guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder) else { continue }
-                let mark = "\(folder)/\(Self.withdrawnMarker)"
-                if names == [Self.withdrawnMarker], Self.isOlder(mark, than: Self.withdrawnMarkAge) {
-                    try Self.posixUnlessGone("unlink") { unlink(mark) }
-                    try Self.removeFolderIfEmpty(folder)
-                    swept.withdrawals += 1
-                    continue
-                }
-                // Before removing anything (which makes it young): a young folder may be another
-                // replica's, about to get its first image.
-                let settled = Self.isLeftover(folder)
-                let present = Set(names)
-                for name in names where Self.isRegularFile("\(folder)/\(name)") {
-                    let path = "\(folder)/\(name)"
-                    if ImagePaths.isTemporaryFileName(name) {
-                        // Made 0600; a young one is another replica's upload under way.
-                        guard Self.isLeftover(path) else { continue }
-                        try Self.posixUnlessGone("unlink") { unlink(path) }
-                        swept.temporaryFiles += 1
-                    } else if StoredImagePath.isThumbnailFileName(name), !present.contains(Self.imageFileName(ofThumbnail: name)),
-                        Self.isLeftover(path)
-                    {
-                        // Written before its image, which a crash then never stored.
-                        try Self.posixUnlessGone("unlink") { unlink(path) }
-                    } else {
-                        try Self.posixUnlessGone("chmod") { chmod(path, Self.fileMode) }
-                    }
-                }
-                if settled { try Self.removeFolderIfEmpty(folder) }
-            }
+            return try FileManager.default.contentsOfDirectory(atPath: root).filter(ImagePaths.isSafeUID)
+        }
+        // A folder at a time: uploads and deletions wait for one folder's sweep, not the whole.
+        var swept = Sweep()
+        for uid in uids {
+            let folder = "\(root)/\(uid)"
+            let found = try await io("sweeping the images folder") { try Self.sweep(folder) }
+            swept.temporaryFiles += found.temporaryFiles
+            swept.withdrawals += found.withdrawals
+        }
+        return swept
+    }
+
+    /// ``prepare()``'s work in one person's folder. Runs on the storage's queue. What another
+    /// replica removes meanwhile (ENOENT) is simply gone.
+    private static func sweep(_ folder: String) throws -> Sweep {
+        var swept = Sweep()
+        guard isDirectory(folder) else { return swept }
+        try posixUnlessGone("chmod") { chmod(folder, folderMode) }
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder) else { return swept }
+        let mark = "\(folder)/\(withdrawnMarker)"
+        if names == [withdrawnMarker], isOlder(mark, than: withdrawnMarkAge) {
+            try posixUnlessGone("unlink") { unlink(mark) }
+            try removeFolderIfEmpty(folder)
+            swept.withdrawals += 1
             return swept
         }
+        // Before removing anything (which makes it young): a young folder may be another
+        // replica's, about to get its first image.
+        let settled = isLeftover(folder)
+        let present = Set(names)
+        for name in names where isRegularFile("\(folder)/\(name)") {
+            let path = "\(folder)/\(name)"
+            if ImagePaths.isTemporaryFileName(name) {
+                // Made 0600; a young one is another replica's upload under way.
+                guard isLeftover(path) else { continue }
+                try posixUnlessGone("unlink") { unlink(path) }
+                swept.temporaryFiles += 1
+            } else if StoredImagePath.isThumbnailFileName(name), !present.contains(imageFileName(ofThumbnail: name)),
+                isLeftover(path)
+            {
+                // Written before its image, which a crash then never stored.
+                try posixUnlessGone("unlink") { unlink(path) }
+            } else {
+                try posixUnlessGone("chmod") { chmod(path, fileMode) }
+            }
+        }
+        if settled { try removeFolderIfEmpty(folder) }
+        return swept
     }
 
     /// `<name>.<extension>` for the thumbnail name `<name>.thumb.<extension>`.

@@ -38,7 +38,7 @@ public final class PostgresStore: Sendable {
         // more than its minimum or pings idle connections, and stops them at the next lease: a
         // few tasks and a dispatch timer per transaction. Two connections (what a store's one
         // committing task and a read mostly need) stay open without either; a dead one is
-        // found by the next statement on it (and the server's keepalive probes).
+        // found by the next statement on it.
         configuration.options.minimumConnections = min(2, maxConnections)
         configuration.options.keepAliveBehavior = nil
         self.location = location
@@ -121,7 +121,14 @@ public final class PostgresStore: Sendable {
     ///   cause, which the reply leaves out: it can name tables and columns).
     public func transaction<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         try await bounded {
-            try await self.client.withTransaction(logger: self.logger) { connection in try await body(connection) }
+            try await self.client.withTransaction(logger: self.logger) { connection in
+                do {
+                    return try await body(connection)
+                } catch {
+                    Self.discard(connection, after: error)
+                    throw error
+                }
+            }
         }
     }
 
@@ -147,6 +154,7 @@ public final class PostgresStore: Sendable {
                     result = try await body(connection, last)
                 } catch {
                     _ = try? await connection.query("ROLLBACK", logger: logger)
+                    Self.discard(connection, after: error)
                     throw error
                 }
                 do {
@@ -168,8 +176,27 @@ public final class PostgresStore: Sendable {
     /// with the failures of ``transaction(_:)``.
     public func read<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         try await bounded {
-            try await self.client.withConnection { connection in try await body(connection) }
+            try await self.client.withConnection { connection in
+                do {
+                    return try await body(connection)
+                } catch {
+                    Self.discard(connection, after: error)
+                    throw error
+                }
+            }
         }
+    }
+
+    /// Closes `connection` when `error` came from the database, so that the pool opens a fresh
+    /// one for the next lease. postgres-nio keeps what went wrong with a prepared statement on
+    /// its connection for good: a statement whose preparation failed (a lock or statement
+    /// timeout, a cancelled backend) fails again at once on every later run there, and one whose
+    /// result columns a migration changed fails at the server every time ("cached plan must not
+    /// change result type"). A new connection prepares it again. What the store's own code
+    /// throws on purpose (a ``ServiceError``) or a cancellation leaves the connection open.
+    static func discard(_ connection: PostgresConnection, after error: any Error) {
+        guard error is PSQLError else { return }
+        let _: EventLoopFuture<Void> = connection.close()
     }
 
     /// `work`'s result; what it threw on purpose (a ``ServiceError``, cancellation), even from

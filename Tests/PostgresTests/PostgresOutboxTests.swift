@@ -252,6 +252,23 @@ struct PostgresStoreTests {
         }
     }
 
+    @Test("a statement whose preparation failed is prepared again on a fresh connection once the cause is gone")
+    func failedPreparationRecovers() async throws {
+        try await withTestSchema { client, location in
+            // One connection: without a fresh one, postgres-nio would answer the failed
+            // preparation's error again on every later run.
+            let store = PostgresStore(location: location, applicationName: "test", maxConnections: 1, logger: quietLogger)
+            let running = Task { await store.run() }
+            defer { running.cancel() }
+            // No outbox yet: preparing the head's lock fails at the server.
+            await #expect(throws: ServiceError.self) {
+                try await store.eventTransaction({ _, last in last }, afterCommit: { _ in })
+            }
+            try await migratedOutbox(client, location)
+            #expect(try await store.eventTransaction({ _, last in last }, afterCommit: { _ in }) == 0)
+        }
+    }
+
     @Test("the retention loop prunes a PostgreSQL outbox while the service runs", .enabled(if: testDatabaseURL != nil))
     func retentionLoop() async throws {
         try await withTestSchema { client, location in
