@@ -9,7 +9,7 @@ extension ImageUploadServiceTests {
     func upload(_ bytes: Data, key: String?, uid: String? = nil, on bus: InProcessBus? = nil) async throws -> StoredImage {
         try await (bus ?? self.bus).call(
             UploadImage(contentType: "image/png", idempotencyKey: key), to: rpc, source: "test", uid: uid ?? self.uid,
-            attachment: bytes)
+            attachment: bytes, timeout: Self.callTimeout)
     }
 
     /// The image and thumbnail an upload with `key` stores, with its size.
@@ -25,7 +25,7 @@ extension ImageUploadServiceTests {
     }
 
     func deleteAll(keep: String?, uid: String? = nil) async throws -> DeletedImages {
-        try await bus.call(DeleteAllImages(keep: keep), to: rpc, source: "test", uid: uid ?? self.uid)
+        try await bus.call(DeleteAllImages(keep: keep), to: rpc, source: "test", uid: uid ?? self.uid, timeout: Self.callTimeout)
     }
 
     // MARK: Idempotent uploads

@@ -74,7 +74,8 @@ struct ImageProcessingTests {
 
     func upload(_ bytes: Data, key: String? = nil) async throws -> StoredImage {
         try await bus.call(
-            UploadImage(contentType: "image/png", idempotencyKey: key), to: rpc, source: "test", uid: uid, attachment: bytes)
+            UploadImage(contentType: "image/png", idempotencyKey: key), to: rpc, source: "test", uid: uid, attachment: bytes,
+            timeout: ImageUploadServiceTests.callTimeout)
     }
 
     func stored(_ directory: String, _ path: String?) throws -> Data {

@@ -94,6 +94,10 @@ struct ImageUploadSnifferTests {
 struct ImageUploadServiceTests {
     let bus = InProcessBus()
     let rpc = Defaults.imageRPC
+    /// How long a test's request may take. The suites run in parallel, the decode benchmarks
+    /// among them, and on two loaded cores an upload's decode has taken over the default 3 s
+    /// (a failed CI run): these tests check what is stored and answered, not how fast.
+    static let callTimeout = Duration.seconds(30)
     let uid = UUID().uuidString.lowercased()
 
     /// Runs image-upload over a fresh temporary images root for the length of `body`; `before`
@@ -113,7 +117,8 @@ struct ImageUploadServiceTests {
 
     func upload(_ bytes: Data?, contentType: String? = "image/png", uid: String? = nil) async throws -> StoredImage {
         try await bus.call(
-            UploadImage(contentType: contentType), to: rpc, source: "test", uid: uid ?? self.uid, attachment: bytes)
+            UploadImage(contentType: contentType), to: rpc, source: "test", uid: uid ?? self.uid, attachment: bytes,
+            timeout: Self.callTimeout)
     }
 
     /// The stored image's file and its thumbnail's, as listed in the person's folder.
@@ -122,11 +127,11 @@ struct ImageUploadServiceTests {
     }
 
     func delete(_ path: String, uid: String? = nil) async throws -> DeletedImages {
-        try await bus.call(DeleteImage(path: path), to: rpc, source: "test", uid: uid ?? self.uid)
+        try await bus.call(DeleteImage(path: path), to: rpc, source: "test", uid: uid ?? self.uid, timeout: Self.callTimeout)
     }
 
     func deleteAll(uid: String? = nil) async throws -> DeletedImages {
-        try await bus.call(DeleteAllImages(), to: rpc, source: "test", uid: uid ?? self.uid)
+        try await bus.call(DeleteAllImages(), to: rpc, source: "test", uid: uid ?? self.uid, timeout: Self.callTimeout)
     }
 
     /// Expects `body` to fail with `code` (and `reason`), then that the service still answers.
@@ -227,7 +232,7 @@ struct ImageUploadServiceTests {
     func missingUID() async throws {
         try await withImages { _ in
             try await expectRefusal(.invalidRequest) {
-                try await bus.call(UploadImage(), to: rpc, source: "test", attachment: Samples.png)
+                try await bus.call(UploadImage(), to: rpc, source: "test", attachment: Samples.png, timeout: Self.callTimeout)
             }
         }
     }
@@ -295,15 +300,16 @@ struct ImageUploadServiceTests {
         try await withImages { directory in
             for image in [Samples.png, Samples.jpeg] { _ = try await upload(image) }
             let withdrawal = DeleteAllImages(withdrawn: true)
-            #expect(try await bus.call(withdrawal, to: rpc, source: "test", uid: uid).deleted == 2)
+            #expect(try await bus.call(withdrawal, to: rpc, source: "test", uid: uid, timeout: Self.callTimeout).deleted == 2)
             #expect(contents(of: "\(directory)/\(uid)") == [".withdrawn"])
             // An upload of a set-up that was under way (on a replica that was stopped, say).
             try await expectRefusal(.forbidden) { try await upload(Samples.png) }
             #expect(contents(of: "\(directory)/\(uid)") == [".withdrawn"])
             // Repeated, the withdrawal deletes nothing more and still refuses.
-            #expect(try await bus.call(withdrawal, to: rpc, source: "test", uid: uid).deleted == 0)
+            #expect(try await bus.call(withdrawal, to: rpc, source: "test", uid: uid, timeout: Self.callTimeout).deleted == 0)
             try await expectRefusal(.invalidRequest) {
-                try await bus.call(DeleteAllImages(keep: "\(uid)/a.png", withdrawn: true), to: rpc, source: "test", uid: uid)
+                try await bus.call(
+                    DeleteAllImages(keep: "\(uid)/a.png", withdrawn: true), to: rpc, source: "test", uid: uid, timeout: Self.callTimeout)
             }
             // Others are not affected.
             _ = try await upload(Samples.png, uid: "someone-else")
