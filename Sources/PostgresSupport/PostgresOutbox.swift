@@ -74,15 +74,14 @@ public struct PostgresOutbox: Sendable {
     public static let lockHead = "SELECT sequence FROM outbox_head WHERE id = 1 FOR UPDATE"
 
     /// ``lockHead`` as a prepared statement.
-    public struct LockHead: PostgresPreparedStatement {
-        public static let sql = PostgresOutbox.lockHead
-        public init() {}
-        public func makeBindings() -> PostgresBindings { PostgresBindings() }
-        public func decodeRow(_ row: PostgresRow) throws -> Int64 { try row.decode(Int64.self) }
+    struct LockHead: PostgresPreparedStatement {
+        static let sql = PostgresOutbox.lockHead
+        func makeBindings() -> PostgresBindings { PostgresBindings() }
+        func decodeRow(_ row: PostgresRow) throws -> Int64 { try row.decode(Int64.self) }
     }
 
     /// The last sequence number assigned, from ``lockHead`` run on `connection`.
-    public static func lockedHead(on connection: PostgresConnection, logger: Logger) async throws -> Int64 {
+    static func lockedHead(on connection: PostgresConnection, logger: Logger) async throws -> Int64 {
         var last: Int64?
         for try await sequence in try await connection.execute(LockHead(), logger: logger) { last = sequence }
         guard let last else { throw ServiceError(.storeUnavailable, "The outbox has no head row: was the store migrated?") }

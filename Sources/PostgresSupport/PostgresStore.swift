@@ -122,12 +122,7 @@ public final class PostgresStore: Sendable {
     public func transaction<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         try await bounded {
             try await self.client.withTransaction(logger: self.logger) { connection in
-                do {
-                    return try await body(connection)
-                } catch {
-                    Self.discard(connection, after: error)
-                    throw error
-                }
+                try await Self.discardingOnFailure(connection, body)
             }
         }
     }
@@ -176,14 +171,7 @@ public final class PostgresStore: Sendable {
     /// with the failures of ``transaction(_:)``.
     public func read<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         try await bounded {
-            try await self.client.withConnection { connection in
-                do {
-                    return try await body(connection)
-                } catch {
-                    Self.discard(connection, after: error)
-                    throw error
-                }
-            }
+            try await self.client.withConnection { connection in try await Self.discardingOnFailure(connection, body) }
         }
     }
 
@@ -197,6 +185,18 @@ public final class PostgresStore: Sendable {
     static func discard(_ connection: PostgresConnection, after error: any Error) {
         guard error is PSQLError else { return }
         let _: EventLoopFuture<Void> = connection.close()
+    }
+
+    /// `body(connection)`, with ``discard(_:after:)`` when it throws.
+    private static func discardingOnFailure<T>(
+        _ connection: PostgresConnection, _ body: (PostgresConnection) async throws -> T
+    ) async throws -> T {
+        do {
+            return try await body(connection)
+        } catch {
+            discard(connection, after: error)
+            throw error
+        }
     }
 
     /// `work`'s result; what it threw on purpose (a ``ServiceError``, cancellation), even from
