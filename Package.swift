@@ -57,6 +57,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
     ],
     targets: [
         // MARK: Messaging
@@ -181,6 +182,7 @@ let package = Package(
                 "Messaging",
                 "OnboardingAPI",
                 "OnboardingSettings",
+                .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "GRDB", package: "GRDB.swift"),
@@ -197,7 +199,9 @@ let package = Package(
             dependencies: [
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                "ServiceRuntime",
                 "Messaging",
                 "OnboardingAPI",
                 "ZeroMQMessaging",
@@ -306,7 +310,7 @@ let package = Package(
 
         .target(
             name: "OnboardingOrchestrator",
-            dependencies: ["ServiceRuntime"]
+            dependencies: ["ServiceRuntime", .product(name: "CoreMetrics", package: "swift-metrics")]
         ),
         .executableTarget(
             name: "onboarding-orchestrator",
@@ -320,6 +324,7 @@ let package = Package(
                 "ZeroMQMessaging", "TestSupport", "FuzzKit", "AuthPostgres", "ProfilePostgres", "OrchestratorPostgres", "PostgresSupport",
                 .product(name: "PropertyBased", package: "swift-property-based"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "MetricsTestKit", package: "swift-metrics"),
             ]
         ),
 
@@ -425,6 +430,7 @@ let package = Package(
                 "ServiceRuntime",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
             ],
             resources: [.copy("Resources/openapi.json"), .copy("Resources/demo.html")]
         ),

@@ -133,7 +133,8 @@ public struct AuthService: Service {
         } else if let providers = identities as? ProviderIdentityVerifier {
             for line in providers.settings.summary { logger.notice("sign-in with \(line)") }
         }
-        let publisher = try await bus.publisher(at: configuration.events)
+        let publisher = CountingPublisher(
+            try await bus.publisher(at: configuration.events), types: [SignedIn.self, SignedOut.self, Withdrawn.self])
         defer { publisher.close() }
         logger.info("auth publishes events at \(configuration.events)")
         let database = configuration.storeDatabase

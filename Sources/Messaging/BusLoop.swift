@@ -25,14 +25,20 @@ public struct RawRequest: Sendable {
     public let attachment: Data?
     /// The name of the caller's key, as the bus authenticated it (see ``Message/caller``).
     public let caller: String?
+    /// When the bus took the request off the wire.
+    public let received: ContinuousClock.Instant
+    /// Told of the reply, once its type is known (see ``ReplyObserver``).
+    public var observer: (any ReplyObserver)?
     private let responder: @Sendable (OutgoingMessage) -> Void
 
     public init(
-        body: Data, attachment: Data?, caller: String? = nil, responder: @escaping @Sendable (OutgoingMessage) -> Void
+        body: Data, attachment: Data?, caller: String? = nil, received: ContinuousClock.Instant = .now,
+        responder: @escaping @Sendable (OutgoingMessage) -> Void
     ) {
         self.body = body
         self.attachment = attachment
         self.caller = caller
+        self.received = received
         self.responder = responder
     }
 
@@ -40,6 +46,7 @@ public struct RawRequest: Sendable {
     ///
     /// Called on the bus's thread, the reply leaves when the handler returns.
     public func reply(_ reply: OutgoingMessage) {
+        observer?.replied(reply, received: received)
         responder(reply)
     }
 
@@ -47,8 +54,17 @@ public struct RawRequest: Sendable {
     public func incoming(_ message: Message) -> IncomingRequest {
         var message = message
         message.caller = caller
-        return IncomingRequest(message: message, responder: responder)
+        var request = IncomingRequest(message: message, received: received, responder: responder)
+        request.observer = observer
+        return request
     }
+}
+
+/// Learns how each request was answered, and how long after it arrived: what a service's
+/// metrics count and time. Called on the thread that replies (the bus's own, on the hot path),
+/// so it must not wait for anything.
+public protocol ReplyObserver: Sendable {
+    func replied(_ reply: OutgoingMessage, received: ContinuousClock.Instant)
 }
 
 /// An event as it arrived, not yet read.

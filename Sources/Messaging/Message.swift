@@ -77,6 +77,9 @@ public struct OutgoingMessage: Sendable {
     public var body: Data
     /// Raw bytes sent as a frame of their own after the envelope (an image, for example).
     public var attachment: Data?
+    /// The code of the error this reply carries (see ``Message/errorReply(_:correlationId:source:)``),
+    /// for the replier's own counts; `nil` on answers and events. Not sent: the body says it.
+    public var failure: ErrorCode?
 
     public init(topic: String? = nil, body: Data, attachment: Data? = nil) {
         self.topic = topic
@@ -243,6 +246,8 @@ extension Message {
             payload: error
         )
         // Encoding a ServiceError cannot fail: it is strings only.
-        return OutgoingMessage(body: (try? envelope.encoded()) ?? Data())
+        var reply = OutgoingMessage(body: (try? envelope.encoded()) ?? Data())
+        reply.failure = error.code
+        return reply
     }
 }

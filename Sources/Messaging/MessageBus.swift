@@ -124,15 +124,23 @@ public protocol EventPublisher: Sendable {
 /// A request received by a server, with the means to answer it once.
 public struct IncomingRequest: Sendable {
     public let message: Message
+    /// When the bus took the request off the wire.
+    public let received: ContinuousClock.Instant
+    /// Told of the reply (see ``ReplyObserver``).
+    public var observer: (any ReplyObserver)?
     private let responder: @Sendable (OutgoingMessage) -> Void
 
-    public init(message: Message, responder: @escaping @Sendable (OutgoingMessage) -> Void) {
+    public init(
+        message: Message, received: ContinuousClock.Instant = .now, responder: @escaping @Sendable (OutgoingMessage) -> Void
+    ) {
         self.message = message
+        self.received = received
         self.responder = responder
     }
 
     /// Sends `reply` to the caller. Only the first reply to a request is delivered.
     public func reply(_ reply: OutgoingMessage) {
+        observer?.replied(reply, received: received)
         responder(reply)
     }
 

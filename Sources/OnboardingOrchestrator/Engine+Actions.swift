@@ -53,8 +53,10 @@ extension Engine {
                     case .deleteImages:
                         _ = try await engine.call(DeleteAllImages(withdrawn: true), to: engine.configuration.imageRPC, uid: uid)
                     }
+                    engine.figures.cleanUp(step, succeeded: true)
                     engine.send(.cleanupFinished(uid: uid, step: step))
                 } catch {
+                    engine.figures.cleanUp(step, succeeded: false)
                     engine.send(.cleanupFailed(uid: uid, step: step, error: Self.serviceError(error)))
                 }
             }

@@ -10,11 +10,23 @@ extension Engine {
     /// carries out the actions. On failure everyone waiting on the batch is told, and the error
     /// rethrown. Called on the bus's thread.
     func commitNow(_ batch: [Submission], in sqlite: SQLiteOrchestratorStorage) throws {
+        let started = ContinuousClock.now
         do {
-            committed(batch, try decide(batch, in: sqlite))
+            let actions = try decide(batch, in: sqlite)
+            count(batch, committed: true, since: started)
+            committed(batch, actions)
         } catch {
+            count(batch, committed: false, since: started)
             try failed(batch, error)
         }
+    }
+
+    /// The batch's transaction, its size and its decisions, for the metrics.
+    private func count(_ batch: [Submission], committed: Bool, since started: ContinuousClock.Instant) {
+        StoreFigures.transaction(committed: committed, since: started)
+        guard committed else { return figures.rolledBack() }
+        StoreFigures.eventBatch(batch.reduce(0) { $0 + $1.inputs.count })
+        figures.committed()
     }
 
     /// SQLite: applies `batch` to the machine and stores the outcome in one transaction.
@@ -35,9 +47,13 @@ extension Engine {
     /// in one transaction off the bus's thread, then carries out the actions. On failure everyone
     /// waiting on the batch is told; the next batch starts the machine again from the store.
     func commit(_ batch: [Submission], in store: any BufferedDecisionStore) async {
+        let started = ContinuousClock.now
         do {
-            committed(batch, try await decide(batch, in: store))
+            let actions = try await decide(batch, in: store)
+            count(batch, committed: true, since: started)
+            committed(batch, actions)
         } catch {
+            count(batch, committed: false, since: started)
             // Whatever failed after the machine moved on (the writes, the commit) leaves it ahead
             // of the store.
             stale.store(true, ordering: .releasing)
@@ -188,6 +204,7 @@ extension Engine {
         _ intent: RouteIntent, in transaction: inout Transaction
     ) throws -> OrchestratorStore.PublishedIntent {
         let published = try transaction.emit(intent, time: Timestamp.now())
+        figures.decided(intent)
         logger.debug("\(intent.intent.rawValue) → \(intent.uid) (\(intent.reason.rawValue), \(intent.intentId))")
         return published
     }

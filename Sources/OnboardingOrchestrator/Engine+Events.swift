@@ -39,6 +39,7 @@ extension Engine {
                 switch event.header.type {
                 case SignedIn.type:
                     let signedIn = try event.payload(as: SignedIn.self)
+                    figures.signedIn(signedIn.uid, at: event.header.time)
                     inputs.append(.signedIn(uid: signedIn.uid, isNewAccount: signedIn.isNewAccount, sessions: signedIn.sessions))
                 case SignedOut.type:
                     let signedOut = try event.payload(as: SignedOut.self)

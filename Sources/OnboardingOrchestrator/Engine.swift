@@ -49,6 +49,8 @@ final class Engine: Sendable {
     /// People whose set-up is running in this process (a set-up, or settling one).
     let settingUp = Mutex<Set<String>>([])
     let source = ServiceName.orchestrator
+    /// Decisions, sign-in to intent, clean-ups: for the metrics.
+    let figures = DecisionFigures()
 
     /// The task committing queued batches to a shared store, while it runs.
     private let committing = Mutex<Task<Void, Never>?>(nil)

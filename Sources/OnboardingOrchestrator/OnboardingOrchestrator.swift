@@ -100,7 +100,7 @@ public struct OnboardingOrchestrator: Service {
     /// - Throws: ``ServiceError`` `storeUnavailable` when the store cannot be opened, or the bus's
     ///   errors when an endpoint cannot be bound.
     public func run() async throws {
-        let publisher = try await bus.publisher(at: configuration.routes)
+        let publisher = CountingPublisher(try await bus.publisher(at: configuration.routes), types: [])
         defer { publisher.close() }
         let database = configuration.storeDatabase
         logger.info("the orchestrator keeps its store in \(database)")

@@ -200,6 +200,18 @@ public struct PostgresOutbox: Sendable {
 
     // MARK: Retention
 
+    /// How many events the outbox keeps (counted: a rolled-back number leaves a gap here), and
+    /// when the oldest was committed.
+    public static func shape(on connection: PostgresConnection, logger: Logger) async throws -> OutboxShape {
+        let rows = try await connection.query(
+            "SELECT count(*), (SELECT created_at FROM outbox ORDER BY sequence LIMIT 1) FROM outbox", logger: logger)
+        var shape = OutboxShape(rows: 0, oldest: nil)
+        for try await (count, oldest) in rows.decode((Int64, String?).self) {
+            shape = OutboxShape(rows: Int(count), oldest: oldest.flatMap(Timestamp.parse))
+        }
+        return shape
+    }
+
     /// Deletes the events `retention` no longer keeps, oldest first, at most `chunkSize`
     /// numbers per transaction (as ``Outbox/prune(_:now:chunkSize:in:)`` does on SQLite). It
     /// never takes `outbox_head`'s lock, so writers do not wait for it.

@@ -299,9 +299,10 @@ public func withEventRetention<T: Sendable>(
     _ retention: Outbox.Retention, postgres store: PostgresStore, every interval: Duration = .seconds(60),
     _ body: () async throws -> T
 ) async throws -> T {
-    try await withEventRetention(retention, every: interval, logger: store.logger, prune: {
-        try await PostgresOutbox.prune(retention, client: store.client, logger: store.logger)
-    }, body)
+    try await withEventRetention(
+        retention, every: interval, logger: store.logger,
+        prune: { try await PostgresOutbox.prune(retention, client: store.client, logger: store.logger) },
+        measure: { try await store.read { try await PostgresOutbox.shape(on: $0, logger: store.logger) } }, body)
 }
 
 extension PostgresStore {

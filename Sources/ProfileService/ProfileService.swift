@@ -101,7 +101,9 @@ public struct ProfileService: Service {
     /// - Throws: ``ServiceError`` `storeUnavailable` when the database cannot be opened, or the
     ///   bus's `addressInUse` / `invalidEndpoint` when an endpoint cannot be bound.
     public func run() async throws {
-        let publisher = try await bus.publisher(at: configuration.events)
+        let publisher = CountingPublisher(
+            try await bus.publisher(at: configuration.events),
+            types: [ProfileCreated.self, ProfileUpdated.self, ProfileDeleted.self])
         defer { publisher.close() }
         logger.info("profile publishes events at \(configuration.events)")
         let database = configuration.storeDatabase

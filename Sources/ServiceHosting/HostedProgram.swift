@@ -1,7 +1,9 @@
 import ArgumentParser
 import Foundation
+import CoreMetrics
 import Logging
 import Messaging
+import Prometheus
 import OnboardingAPI
 import OnboardingSettings
 import ServiceLifecycle
@@ -166,6 +168,9 @@ public enum Hosting {
         makeServices: (ZeroMQBus) async throws -> [any Service]
     ) async throws {
         let bus = ZeroMQBus(source: name, logger: logger, configuration: configuration)
+        // Before any service makes its handles: they are made from the process's factory.
+        let registry = PrometheusCollectorRegistry()
+        if metrics != nil { MetricsSystem.bootstrap(CatalogMetricsFactory(registry: registry)) }
         var services: [any Service]
         do {
             services = try await makeServices(bus)
@@ -173,7 +178,7 @@ public enum Hosting {
                 let own = metrics.own
                 services.append(
                     MetricsEndpoint(
-                        host: metrics.host, port: metrics.port, statistics: { bus.statistics },
+                        host: metrics.host, port: metrics.port, registry: registry, statistics: { bus.statistics },
                         health: {
                             guard let own else { return nil }
                             return try? await bus.call(HealthCheck(), to: own, source: name, timeout: .seconds(2))

@@ -5,6 +5,7 @@ import Messaging
 import NIOCore
 import OnboardingAPI
 import Prometheus
+import ServiceRuntime
 import ServiceLifecycle
 import Synchronization
 
@@ -27,13 +28,18 @@ public struct MetricsEndpoint: Service {
     let setting: String
     /// Called with the port once listening (the real one when `port` is 0).
     let onListening: @Sendable (Int) async -> Void
+    /// Where the services' own metrics are (``ProcessMetrics``); the figures read at scrape
+    /// time are added to it.
+    let registry: PrometheusCollectorRegistry
 
     public init(
-        host: String, port: Int, statistics: @escaping @Sendable () -> BusStatistics,
+        host: String, port: Int, registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(),
+        statistics: @escaping @Sendable () -> BusStatistics,
         health: @escaping @Sendable () async -> HealthStatus? = { nil }, logger: Logger, setting: String = "the metrics setting",
         onListening: @escaping @Sendable (Int) async -> Void = { _ in }
     ) {
         self.setting = setting
+        self.registry = registry
         self.host = host
         self.port = port
         self.statistics = statistics
@@ -43,7 +49,7 @@ public struct MetricsEndpoint: Service {
     }
 
     public func run() async throws {
-        let figures = Figures()
+        let figures = Figures(registry: registry)
         let (statistics, health) = (self.statistics, self.health)
         let router = Router()
         router.get("/metrics") { _, _ -> Response in
@@ -114,7 +120,8 @@ struct ProcessFigures: Sendable {
     }
 }
 
-/// The registry and its metrics, made once; counters follow the running totals they mirror.
+/// The figures read at scrape time, made once in the program's registry; counters follow the
+/// running totals they mirror.
 final class Figures: Sendable {
     private let registry: PrometheusCollectorRegistry
     private let counters: [(counter: Counter, value: @Sendable (BusStatistics) -> Int)]
@@ -128,65 +135,25 @@ final class Figures: Sendable {
     private let labeled = Mutex<[String: (counter: Counter, reached: Int)]>([:])
     private let unlinkPending: Gauge, unlinkOldest: Gauge
 
-    init() {
-        let registry = PrometheusCollectorRegistry()
+    init(registry: PrometheusCollectorRegistry) {
         self.registry = registry
-        func counter(_ name: String, _ help: String, _ value: @escaping @Sendable (BusStatistics) -> Int)
-            -> (Counter, @Sendable (BusStatistics) -> Int)
-        {
-            (registry.makeCounter(descriptor: .init(namespace: "onboarding", subsystem: "bus", metricName: name, unitName: "total", helpText: help)), value)
-        }
-        counters = [
-            counter("dropped_events", "Events a subscriber's queue had no room for.", \.droppedEvents),
-            counter("unreadable_events", "Events that arrived but could not be read.", \.unreadableEvents),
-            counter("overloaded_requests", "Requests refused because the server's queue was full.", \.overloadedRequests),
-            counter("rejected_requests", "Requests refused because they could not be read or broke a limit.", \.rejectedRequests),
-            counter("late_replies", "Replies that arrived after their caller had given up.", \.lateReplies),
-            counter("refused_handshakes", "Connections refused: an unknown CURVE key, or a failed handshake.", \.refusedHandshakes),
-            counter("failed_handshakes", "Connections to servers that failed the CURVE handshake.", \.failedHandshakes),
-            counter("dropped_replies", "Replies dropped because their caller was not reading them.", \.droppedReplies),
-        ]
-        slowSubscribers = registry.makeGauge(
-            descriptor: .init(
-                namespace: "onboarding", subsystem: "bus", metricName: "slow", unitName: "subscribers",
-                helpText: "Subscribers of this process that are not reading now."))
-        // As Prometheus's client libraries name them.
-        func process(_ name: String, _ unit: String, _ help: String) -> MetricNameDescriptor {
-            .init(namespace: "process", metricName: name, unitName: unit, helpText: help)
-        }
-        cpu = registry.makeCounter(descriptor: process("cpu_seconds", "total", "Total user and system CPU time spent in seconds."))
-        resident = registry.makeGauge(descriptor: process("resident_memory", "bytes", "Resident memory size in bytes."))
-        descriptors = registry.makeGauge(descriptor: process("open", "fds", "Number of open file descriptors."))
-        started = registry.makeGauge(
-            descriptor: process("start_time", "seconds", "Start time of the process since unix epoch in seconds."))
-        unlinkPending = registry.makeGauge(
-            descriptor: .init(
-                namespace: "onboarding", subsystem: "unlink", metricName: "pending", unitName: "jobs",
-                helpText: "Withdrawn accounts still to be unlinked at their provider (auth)."))
-        unlinkOldest = registry.makeGauge(
-            descriptor: .init(
-                namespace: "onboarding", subsystem: "unlink", metricName: "oldest_pending", unitName: "seconds",
-                helpText: "How long the oldest unlink job has waited (0 when none waits)."))
+        counters = MetricDefinition.busCounts.map { (registry.makeCounter(descriptor: $0.definition.descriptor), $0.value) }
+        slowSubscribers = registry.makeGauge(descriptor: MetricDefinition.slowSubscribers.descriptor)
+        cpu = registry.makeCounter(descriptor: MetricDefinition.processCPU.descriptor)
+        resident = registry.makeGauge(descriptor: MetricDefinition.processResident.descriptor)
+        descriptors = registry.makeGauge(descriptor: MetricDefinition.processDescriptors.descriptor)
+        started = registry.makeGauge(descriptor: MetricDefinition.processStart.descriptor)
+        unlinkPending = registry.makeGauge(descriptor: MetricDefinition.unlinkPending.descriptor)
+        unlinkOldest = registry.makeGauge(descriptor: MetricDefinition.unlinkOldest.descriptor)
     }
-
-    /// The orchestrator's feeds, one series per publisher (its request endpoint).
-    private static let feedCounts: [(name: String, help: String, value: @Sendable (FeedStatistics) -> Int)] = [
-        ("handled", "Events handled from a publisher, live or replayed.", \.handled),
-        ("replayed", "Events fetched with events.after because the live stream skipped them.", \.replayed),
-        ("duplicates_dropped", "Events received again after they had been handled, and dropped.", \.duplicatesDropped),
-        ("lost", "Events the publisher pruned before they could be fetched.", \.lost),
-    ]
 
     private func follow(_ feeds: [FeedStatistics]) {
         labeled.withLock { labeled in
             for feed in feeds {
-                for (name, help, value) in Self.feedCounts {
-                    let key = "\(name) \(feed.publisher)"
+                for (definition, value) in MetricDefinition.feedCounts {
+                    let key = "\(definition.name) \(feed.publisher)"
                     let entry = labeled[key] ?? (
-                        registry.makeCounter(
-                            descriptor: .init(
-                                namespace: "onboarding", subsystem: "feed", metricName: name, unitName: "total", helpText: help),
-                            labels: [("publisher", feed.publisher)]), 0)
+                        registry.makeCounter(descriptor: definition.descriptor, labels: [("publisher", feed.publisher)]), 0)
                     let now = value(feed)
                     if now > entry.reached { entry.counter.increment(by: Int64(now - entry.reached)) }
                     labeled[key] = (entry.counter, max(entry.reached, now))
@@ -194,7 +161,6 @@ final class Figures: Sendable {
             }
         }
     }
-
     /// The text of one scrape. Scrapes may overlap: each counter moves by what its total
     /// gained since the last one, under one lock.
     func render(bus: BusStatistics, health: HealthStatus?, process: ProcessFigures) -> [UInt8] {
@@ -221,5 +187,12 @@ final class Figures: Sendable {
         var buffer: [UInt8] = []
         registry.emit(into: &buffer)
         return buffer
+    }
+}
+
+extension MetricDefinition {
+    /// Its name and help text, as swift-prometheus takes them.
+    var descriptor: MetricNameDescriptor {
+        MetricNameDescriptor(metricName: name, unitName: "", helpText: help)
     }
 }

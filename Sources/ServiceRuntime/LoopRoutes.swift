@@ -144,6 +144,7 @@ extension RequestDispatcher {
         }
         let source = self.source
         let logger = self.logger
+        figures[Request.type] = RequestFigures(type: Request.type)
         // Built once here: `replyType` is a concatenation, made anew on every use.
         let replyType = Request.replyType
         loop.add(
@@ -180,16 +181,18 @@ extension RequestDispatcher {
         _ batch: [RawRequest], refusing: ServiceError?, rejected: () -> Void, defer deferred: (IncomingRequest) -> Void
     ) {
         var jobs: [LoopJob] = []
-        for raw in batch {
+        for var raw in batch {
             let read: EnvelopeReader.Read
             do throws(ServiceError) {
                 read = try loop.reader.read(raw.body)
             } catch {
+                raw.observer = unreadableFigures
                 rejected()
                 // Within the envelope limit (the bus saw to it): the id is worth reading again.
                 raw.reply(Message.errorReply(error, correlationId: Message.requestID(in: raw.body), source: source))
                 continue
             }
+            raw.observer = figures[read.header.type] ?? unknownFigures
             var message = Message(read: read, body: raw.body, attachment: raw.attachment)
             message.caller = raw.caller
             if let refusing {
@@ -304,7 +307,20 @@ extension RequestDispatcher {
             }
             // Reads run on the writer's connection, between its transactions and outside one:
             // no snapshot to open and close, and no write can come between a read's statements.
-            let made = writes ? try database.writeTransaction(run) : try database.writeWithoutTransaction(run)
+            let made: [LoopRoutes.Answer?]
+            if writes {
+                let started = ContinuousClock.now
+                do {
+                    made = try database.writeTransaction(run)
+                    StoreFigures.transaction(committed: true, since: started)
+                    StoreFigures.requestBatch(indices.count)
+                } catch {
+                    StoreFigures.transaction(committed: false, since: started)
+                    throw error
+                }
+            } else {
+                made = try database.writeWithoutTransaction(run)
+            }
             for (index, answer) in zip(indices, made) { answers[index] = answer }
         }
         return answers

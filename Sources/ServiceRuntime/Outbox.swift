@@ -297,18 +297,32 @@ public func withEventRetention<T: Sendable>(
     _ retention: Outbox.Retention, database: any DatabaseWriter, every interval: Duration = .seconds(60),
     logger: Logger, _ body: () async throws -> T
 ) async throws -> T {
-    try await withEventRetention(retention, every: interval, logger: logger, prune: {
-        try await Outbox.prune(retention, in: database)
-    }, body)
+    try await withEventRetention(
+        retention, every: interval, logger: logger, prune: { try await Outbox.prune(retention, in: database) },
+        measure: { try await database.read(Outbox.shape(in:)) }, body)
+}
+
+extension Outbox {
+    /// How many events the outbox keeps, and when the oldest was committed. Sequence numbers
+    /// of kept events run unbroken (pruning removes the oldest only), so two seeks count them.
+    public static func shape(in db: Database) throws -> OutboxShape {
+        guard let row = try Row.fetchOne(db, sql: "SELECT min(sequence) AS low, max(sequence) AS high FROM outbox"),
+            let low: Int64 = row["low"], let high: Int64 = row["high"]
+        else { return OutboxShape(rows: 0, oldest: nil) }
+        let oldest = try String.fetchOne(db, sql: "SELECT createdAt FROM outbox WHERE sequence = ?", arguments: [low])
+        return OutboxShape(rows: Int(high - low + 1), oldest: oldest.flatMap(Timestamp.parse))
+    }
 }
 
 /// Runs `body` while `prune` removes what `retention` no longer keeps: once at start, then every
-/// `interval`, in a child task. Each store's outbox passes its own pruning.
+/// `interval`, in a child task. Each store's outbox passes its own pruning, and `measure`, which
+/// finds what is left for the outbox's metrics (``OutboxShape``).
 ///
 /// A failed pruning is logged and tried again at the next interval.
 public func withEventRetention<T: Sendable>(
     _ retention: Outbox.Retention, every interval: Duration = .seconds(60), logger: Logger,
-    prune: @escaping @Sendable () async throws -> Int, _ body: () async throws -> T
+    prune: @escaping @Sendable () async throws -> Int, measure: (@Sendable () async throws -> OutboxShape)? = nil,
+    _ body: () async throws -> T
 ) async throws -> T {
     try await withThrowingTaskGroup(of: Void.self) { group in
         group.addTask {
@@ -318,6 +332,7 @@ public func withEventRetention<T: Sendable>(
                     if deleted > 0 {
                         logger.info("pruned \(deleted) events past the retention window (\(retention.maxAge), \(retention.maxEvents) events)")
                     }
+                    if let measure { OutboxFigures.record(try await measure(), retention: retention) }
                 } catch {
                     if Task.isCancelled { return }
                     logger.error("pruning the outbox failed: \(error); it grows until a later pruning succeeds")

@@ -68,6 +68,11 @@ public struct RequestDispatcher: Sendable {
     private(set) var handlers: [String: Handler] = [:]
     /// Requests answered on the bus's own thread (see `LoopRoutes.swift`).
     var loop = LoopRoutes()
+    /// Each registered type's count and latency, made when it is registered; `health` too.
+    var figures: [String: RequestFigures] = [HealthCheck.type: RequestFigures(type: HealthCheck.type)]
+    /// Requests of a type this service does not answer, and requests that could not be read:
+    /// one series each, whatever the type says.
+    let unknownFigures = RequestFigures(type: "unknown"), unreadableFigures = RequestFigures(type: "unreadable")
     private let startedAt = Timestamp.now()
     /// How the service follows other services' events, for `health` replies.
     public var feedStatistics: (@Sendable () -> [FeedStatistics])?
@@ -110,6 +115,7 @@ public struct RequestDispatcher: Sendable {
         if case .service = access { hasServiceRoutes = true }
         if case .sessionOrService = access { hasServiceRoutes = true }
         if case .serviceWithoutUID = access { hasServiceRoutes = true }
+        figures[Request.type] = RequestFigures(type: Request.type)
         let source = self.source
         let sessions = self.sessions
         let serviceToken = self.serviceToken

@@ -244,7 +244,7 @@ final class InFlight: Sendable {
     func tracking(_ raw: RawRequest) -> RawRequest {
         state.withLock { $0.unanswered += 1 }
         let answered = Atomic(false)
-        return RawRequest(body: raw.body, attachment: raw.attachment, caller: raw.caller) { [self] reply in
+        return RawRequest(body: raw.body, attachment: raw.attachment, caller: raw.caller, received: raw.received) { [self] reply in
             guard !answered.exchange(true, ordering: .acquiringAndReleasing) else { return }
             raw.reply(reply)
             let drained = state.withLock { state -> CheckedContinuation<Void, Never>? in
