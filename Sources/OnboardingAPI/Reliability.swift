@@ -168,6 +168,12 @@ public struct FeedStatistics: Codable, Sendable, Hashable {
     /// Events pruned by the publisher before they could be fetched (0 unless a subscriber was
     /// away for longer than the retention window).
     public var lost: Int = 0
+    /// The newest sequence the publisher is known to have recorded (from its live events and
+    /// `events.after` pages); `newest - sequence` events are still to be handled. Absent until
+    /// the publisher has been heard from.
+    public var newest: UInt64?
+    /// When the publisher committed the last event handled (that envelope's `time`).
+    public var lastHandledTime: String?
 
     public init(publisher: String, sequence: UInt64) {
         self.publisher = publisher

@@ -1,3 +1,4 @@
+import CoreMetrics
 import Foundation
 import Logging
 import Messaging
@@ -52,6 +53,8 @@ public final class IntentHub: Service, Sendable {
     private let logger: Logger
     private let feed: EventFeed
     private let state = Mutex(State())
+    /// Open streams, for the metrics (``MetricDefinition/intentStreams``).
+    private let openStreamsMeter = Meter(label: MetricDefinition.intentStreams.name)
 
     public init(configuration: GatewayConfiguration, bus: any MessageBus, logger: Logger) {
         self.configuration = configuration
@@ -141,6 +144,7 @@ public final class IntentHub: Service, Sendable {
             state.subscribers[uid, default: [:]][id] = Subscriber(continuation: continuation)
             return (id, position)
         }
+        openStreamsMeter.increment()
         continuation.onTermination = { [weak self] _ in self?.remove(uid: uid, id: id) }
         return Subscription(items: items, from: from)
     }
@@ -208,10 +212,12 @@ public final class IntentHub: Service, Sendable {
     }
 
     private func remove(uid: String, id: UInt64) {
-        state.withLock { state in
-            state.subscribers[uid]?[id] = nil
+        let removed = state.withLock { state in
+            let removed = state.subscribers[uid]?.removeValue(forKey: id) != nil
             if state.subscribers[uid]?.isEmpty == true { state.subscribers[uid] = nil }
+            return removed
         }
+        if removed { openStreamsMeter.decrement() }
     }
 
     private func stop() {

@@ -1,3 +1,4 @@
+import CoreMetrics
 import Foundation
 import HTTPTypes
 import Hummingbird
@@ -7,6 +8,7 @@ import NIOCore
 import OnboardingAPI
 import OnboardingClient
 import ServiceLifecycle
+import ServiceRuntime
 
 /// The app's front door: HTTP (JSON, `application/problem+json` errors) and a live intent
 /// stream (Server-Sent Events) over the bus, through ``OnboardingClient``.
@@ -82,6 +84,8 @@ public struct OnboardingGateway: Service {
     public func routes() -> Router<GatewayContext> {
         let router = Router(context: GatewayContext.self)
         router.addMiddleware {
+            // Outermost: it sees the status of every answer, problems included.
+            HTTPMetricsMiddleware()
             ProblemMiddleware(logger: logger)
         }
         router.get("openapi.json") { _, _ in try Self.resource("openapi", "json", type: "application/json") }
@@ -117,7 +121,7 @@ public struct OnboardingGateway: Service {
     }
 
     private func signIn(_ request: Request, _ context: GatewayContext) async throws -> Response {
-        try limit(signIns, request, context, what: "sign-ins")
+        try limit(signIns, request, context, what: "sign-ins", counting: Self.signInsLimited)
         try request.requireJSON()
         let body = try await request.boundedBody(limit: RequestLimits.smallBody)
         let signIn = try StrictJSON.decode(
@@ -161,7 +165,7 @@ public struct OnboardingGateway: Service {
     }
 
     private func checkUsername(_ request: Request, _ context: GatewayContext) async throws -> Response {
-        try limit(usernameChecks, request, context, what: "username checks")
+        try limit(usernameChecks, request, context, what: "username checks", counting: Self.usernameChecksLimited)
         guard let raw = context.parameters.get("username") else {
             throw ProblemError(.invalidRequest, "Name the username in the path: /v1/usernames/{username}.")
         }
@@ -323,9 +327,12 @@ public struct OnboardingGateway: Service {
         makeClient(token: try request.bearerToken())
     }
 
-    private func limit(_ limiter: RateLimiter, _ request: Request, _ context: GatewayContext, what: String) throws {
+    private func limit(
+        _ limiter: RateLimiter, _ request: Request, _ context: GatewayContext, what: String, counting refused: Counter
+    ) throws {
         let client = addresses.resolve(peer: context.peerAddress, headers: request.headers)
         if case .limited(let seconds) = limiter.take(for: client) {
+            refused.increment()
             var headers = HTTPFields()
             headers[.retryAfter] = String(seconds)
             throw ProblemError(
@@ -334,6 +341,11 @@ public struct OnboardingGateway: Service {
                 headers: headers)
         }
     }
+
+    /// Requests refused by each limit, for the metrics (``MetricDefinition/rateLimited``).
+    private static let signInsLimited = Counter(label: MetricDefinition.rateLimited.name, dimensions: [("limit", "sign_in")])
+    private static let usernameChecksLimited = Counter(
+        label: MetricDefinition.rateLimited.name, dimensions: [("limit", "username_check")])
 
     private static func rate(_ perSecond: Double) -> String {
         perSecond >= 1 ? "\(Int(perSecond)) a second" : "\(Int((perSecond * 60).rounded())) a minute"

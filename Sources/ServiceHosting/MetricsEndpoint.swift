@@ -158,6 +158,10 @@ final class Figures: Sendable {
                     if now > entry.reached { entry.counter.increment(by: Int64(now - entry.reached)) }
                     labeled[key] = (entry.counter, max(entry.reached, now))
                 }
+                let lag = feed.lag()
+                let publisher = [("publisher", feed.publisher)]
+                registry.makeGauge(descriptor: MetricDefinition.feedLagEvents.descriptor, labels: publisher).set(Double(lag.events))
+                registry.makeGauge(descriptor: MetricDefinition.feedLagSeconds.descriptor, labels: publisher).set(lag.seconds)
             }
         }
     }

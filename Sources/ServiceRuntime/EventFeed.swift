@@ -196,7 +196,7 @@ public final class EventFeed: Sendable {
             if step.through != before {
                 do {
                     try handle(step.batch, step.through)
-                    progress.handled(step.batch.count, through: step.through, replayed: false)
+                    progress.handled(step.batch.count, through: step.through, replayed: false, time: step.batch.last?.header.time)
                     lastLiveDelivery.store(Self.monotonicNanoseconds(), ordering: .relaxed)
                 } catch {
                     logger.error("handling live events up to \(step.through) from \(events) failed (\(error)); fetching them again")
@@ -377,7 +377,7 @@ public final class EventFeed: Sendable {
             logger.error("handling events \(range) from \(events) failed (\(error)); retry \(attempt) in \(delay)")
         }
         guard handled != nil else { return false }
-        progress.handled(batch.count, through: through, replayed: replayed)
+        progress.handled(batch.count, through: through, replayed: replayed, time: batch.last?.header.time)
         share(progress)
         return true
     }

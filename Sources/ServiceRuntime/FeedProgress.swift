@@ -58,6 +58,7 @@ struct FeedProgress: Sendable {
     /// little out of order: it is sorted first, and only a number still missing is a gap.
     mutating func planLive(_ pending: inout [Message]) -> LiveStep {
         pending.sort { $0.header.sequence < $1.header.sequence }
+        if let last = pending.last?.header.sequence { heard(of: last) }
         var step = LiveStep(through: cursor)
         var taken = 0
         for message in pending {
@@ -86,8 +87,10 @@ struct FeedProgress: Sendable {
         var after = cursor
         if page.lastSequence < after {
             // Nothing after 0 was fetched yet; the next page starts from the beginning.
+            statistics.newest = page.lastSequence
             return PageStep(through: 0, caughtUp: false, reset: true)
         }
+        heard(of: page.lastSequence)
         // No events kept but some recorded: all of them were pruned.
         let oldestKept = page.firstSequence == 0 ? page.lastSequence + 1 : page.firstSequence
         var step = PageStep(through: after, caughtUp: false)
@@ -111,10 +114,30 @@ struct FeedProgress: Sendable {
         return step
     }
 
-    /// `count` events were handled, up to `through`.
-    mutating func handled(_ count: Int, through: UInt64, replayed: Bool) {
+    /// `count` events were handled, up to `through`; `time` is when the last of them was
+    /// committed (its envelope's), if known.
+    mutating func handled(_ count: Int, through: UInt64, replayed: Bool, time: String? = nil) {
         statistics.sequence = through
         statistics.handled += count
         if replayed { statistics.replayed += count }
+        if let time { statistics.lastHandledTime = time }
+        heard(of: through)
+    }
+
+    /// The publisher has recorded `sequence`.
+    private mutating func heard(of sequence: UInt64) {
+        statistics.newest = max(statistics.newest ?? 0, sequence)
+    }
+}
+
+extension FeedStatistics {
+    /// How far the feed lags: events the publisher has recorded that are not handled yet, and
+    /// how long ago the last one handled was committed while any wait (0 when none does, or
+    /// before the first is handled). The seconds are an upper bound: the waiting events came
+    /// after that one.
+    public func lag(now: Date = Date()) -> (events: UInt64, seconds: Double) {
+        guard let newest, newest > sequence else { return (0, 0) }
+        guard let time = lastHandledTime.flatMap(Timestamp.parseFast) else { return (newest - sequence, 0) }
+        return (newest - sequence, max(0, now.timeIntervalSince(time)))
     }
 }

@@ -54,7 +54,7 @@ final class RequestFigures: ReplyObserver {
 
 extension Duration {
     /// The whole duration in nanoseconds, saturating.
-    var nanoseconds: Int64 {
+    public var nanoseconds: Int64 {
         let (seconds, attoseconds) = components
         let (scaled, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
         return overflow ? .max : scaled + attoseconds / 1_000_000_000
