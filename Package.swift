@@ -106,6 +106,7 @@ let package = Package(
             name: "OnboardingSettingsTests",
             dependencies: [
                 "OnboardingSettings", "OnboardingAPI", "AuthIdentity", "AuthService", "ProfileService", "OnboardingGateway",
+                "ServiceRuntime",
                 "FuzzKit",
                 .product(name: "Configuration", package: "swift-configuration"),
             ]

@@ -8,6 +8,7 @@ import OnboardingAPI
 import OnboardingGateway
 import OnboardingSettings
 import ProfileService
+import ServiceRuntime
 import Testing
 
 /// The one declaration of each setting, and everything made from it.
@@ -245,6 +246,12 @@ struct SettingsTests {
     @Test("the README's rights table is the one BusRights makes (ONBOARDING_UPDATE_README=1 rewrites it)")
     func rightsTable() throws {
         try Self.expectReadmeSection("rights", from: "Sources/OnboardingAPI/BusRights.swift", made: BusRights.markdownTable() + "\n")
+    }
+
+    @Test("the README's metrics table is the one the metric definitions make (ONBOARDING_UPDATE_README=1 rewrites it)")
+    func metricsTable() throws {
+        try Self.expectReadmeSection(
+            "metrics", from: "Sources/ServiceRuntime/Metrics/MetricCatalog.swift", made: MetricDefinition.markdownTable())
     }
 
     /// Expects the README's text between `<!-- NAME: made from SOURCE; SettingsTests keeps them

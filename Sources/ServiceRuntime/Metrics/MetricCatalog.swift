@@ -46,10 +46,10 @@ extension MetricDefinition {
         "Events committed to the outbox and published, by type (route intents as route.intent).")
     public static let transactions = MetricDefinition(
         "onboarding_db_transactions_total", .counter, labels: ["result"], by: "auth, profile, orchestrator",
-        "Write transactions of the hot path (one per batch), by result: commit or rollback.")
+        "Write transactions of a batch: requests on the bus's thread (SQLite), or the orchestrator's decisions; by result: commit or rollback.")
     public static let transactionDuration = MetricDefinition(
         "onboarding_db_transaction_duration_seconds", .histogram, by: "auth, profile, orchestrator",
-        "Time a hot-path write transaction took, from begin to commit.")
+        "Time one of those transactions took, from its start to its commit or rollback.")
     public static let batchSize = MetricDefinition(
         "onboarding_batch_size", .histogram, labels: ["kind"], by: "auth, profile, orchestrator",
         "Requests (kind=requests) or events (kind=events) handled together in one transaction.")
@@ -67,10 +67,10 @@ extension MetricDefinition {
 
     public static let feedLagEvents = MetricDefinition(
         "onboarding_feed_lag_events", .gauge, labels: ["publisher"], by: "orchestrator",
-        "Events a publisher has announced that the orchestrator has not handled yet.")
+        "Events the publisher is known to have recorded that the orchestrator has not handled yet.")
     public static let feedLagSeconds = MetricDefinition(
         "onboarding_feed_lag_seconds", .gauge, labels: ["publisher"], by: "orchestrator",
-        "How long ago the oldest event not yet handled was committed (0 when caught up).")
+        "While events wait: how long ago the last event handled was committed, an upper bound on the delay (0 when caught up).")
     public static let decisions = MetricDefinition(
         "onboarding_decisions_total", .counter, labels: ["intent", "reason"], by: "orchestrator",
         "Route intents decided and committed, by intent and reason.")
@@ -90,7 +90,7 @@ extension MetricDefinition {
         "onboarding_gateway_http_request_duration_seconds", .histogram, labels: ["route", "method"], by: "gateway",
         "Time to answer an HTTP request, to the start of the response (a stream's first bytes).")
     public static let intentStreams = MetricDefinition(
-        "onboarding_gateway_intent_streams", .gauge, by: "gateway", "Live intent streams open (GET /v1/intents).")
+        "onboarding_gateway_intent_streams", .gauge, by: "gateway", "Intent streams open (GET /v1/me/intents).")
     public static let rateLimited = MetricDefinition(
         "onboarding_gateway_rate_limited_total", .counter, labels: ["limit"], by: "gateway",
         "Requests refused with 429, by limit: sign_in or username_check.")
@@ -177,3 +177,15 @@ public let durationBuckets: [Duration] = [
 
 /// The buckets of ``MetricDefinition/batchSize``.
 public let batchSizeBuckets: [Double] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+
+extension MetricDefinition {
+    /// The README's metrics table: every metric, its type, labels, who exports it and what it means.
+    public static func markdownTable() -> String {
+        var lines = ["| metric | type | labels | exported by | meaning |", "|---|---|---|---|---|"]
+        for metric in all {
+            let labels = metric.labels.isEmpty ? "–" : metric.labels.map { "`\($0)`" }.joined(separator: ", ")
+            lines.append("| `\(metric.name)` | \(metric.kind.rawValue) | \(labels) | \(metric.exportedBy) | \(metric.help) |")
+        }
+        return lines.joined(separator: "\n") + "\n"
+    }
+}
