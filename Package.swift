@@ -58,6 +58,9 @@ let package = Package(
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-distributed-tracing", from: "1.7.3"),
+        // OTLP over HTTP only: the gRPC exporter would build gRPC too.
+        .package(url: "https://github.com/swift-otel/swift-otel", from: "1.6.0", traits: ["OTLPHTTP"]),
     ],
     targets: [
         // MARK: Messaging
@@ -116,7 +119,7 @@ let package = Package(
 
         .target(
             name: "OnboardingAPI",
-            dependencies: ["Messaging", "OnboardingSettings"]
+            dependencies: ["Messaging", "OnboardingSettings", .product(name: "Tracing", package: "swift-distributed-tracing")]
         ),
         .testTarget(
             name: "OnboardingAPITests",
@@ -184,6 +187,7 @@ let package = Package(
                 "OnboardingAPI",
                 "OnboardingSettings",
                 .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "GRDB", package: "GRDB.swift"),
@@ -201,6 +205,7 @@ let package = Package(
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "OTel", package: "swift-otel"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 "ServiceRuntime",
                 "Messaging",
@@ -311,7 +316,10 @@ let package = Package(
 
         .target(
             name: "OnboardingOrchestrator",
-            dependencies: ["ServiceRuntime", .product(name: "CoreMetrics", package: "swift-metrics")]
+            dependencies: [
+                "ServiceRuntime", .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+            ]
         ),
         .executableTarget(
             name: "onboarding-orchestrator",
@@ -432,6 +440,7 @@ let package = Package(
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
             ],
             resources: [.copy("Resources/openapi.json"), .copy("Resources/demo.html")]
         ),

@@ -32,6 +32,11 @@ public struct EnvelopeHeader: Codable, Sendable, Hashable {
     /// The secret our own services share, on calls between them. Apps never have it; never on
     /// events or replies.
     public var serviceToken: String?
+    /// W3C trace context (`traceparent`, `tracestate`): the trace this message belongs to, so
+    /// that each hop's span joins it. Optional; a receiver that does not trace, or cannot read
+    /// it, ignores it.
+    public var traceparent: String?
+    public var tracestate: String?
 
     public init(
         version: Int = EnvelopeHeader.currentVersion,
@@ -43,7 +48,9 @@ public struct EnvelopeHeader: Codable, Sendable, Hashable {
         correlationId: String? = nil,
         uid: String? = nil,
         sessionToken: String? = nil,
-        serviceToken: String? = nil
+        serviceToken: String? = nil,
+        traceparent: String? = nil,
+        tracestate: String? = nil
     ) {
         self.version = version
         self.id = id
@@ -55,6 +62,8 @@ public struct EnvelopeHeader: Codable, Sendable, Hashable {
         self.uid = uid
         self.sessionToken = sessionToken
         self.serviceToken = serviceToken
+        self.traceparent = traceparent
+        self.tracestate = tracestate
     }
 }
 

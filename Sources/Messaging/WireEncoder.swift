@@ -53,6 +53,8 @@ public enum WireEncoder {
         if let sessionToken = header.sessionToken { member("sessionToken", sessionToken, to: &output) }
         member("source", header.source, to: &output)
         member("time", header.time, to: &output)
+        if let traceparent = header.traceparent { member("traceparent", traceparent, to: &output) }
+        if let tracestate = header.tracestate { member("tracestate", tracestate, to: &output) }
         member("type", header.type, to: &output)
         if let uid = header.uid { member("uid", uid, to: &output) }
         output.append(contentsOf: #""version":"#.utf8)

@@ -90,7 +90,8 @@ extension EnvelopeHeader: WireReadable {
             version: try object.integer("version"), id: try object.string("id"), type: try object.string("type"),
             source: try object.string("source"), sequence: try object.integer("sequence"), time: try object.string("time"),
             correlationId: try object.optionalString("correlationId"), uid: try object.optionalString("uid"),
-            sessionToken: try object.optionalString("sessionToken"), serviceToken: try object.optionalString("serviceToken"))
+            sessionToken: try object.optionalString("sessionToken"), serviceToken: try object.optionalString("serviceToken"),
+            traceparent: try object.optionalString("traceparent"), tracestate: try object.optionalString("tracestate"))
     }
 }
 

@@ -60,9 +60,10 @@ extension MessageBus {
         _ request: Request, source: String, uid: String?, sessionToken: String?, serviceToken: String?,
         correlationId: String?, attachment: Data?
     ) throws(ServiceError) -> OutgoingMessage {
-        let header = EnvelopeHeader(
+        var header = EnvelopeHeader(
             type: Request.type, source: source, correlationId: correlationId, uid: uid, sessionToken: sessionToken,
             serviceToken: serviceToken)
+        Traces.inject(into: &header)
         do {
             return try OutgoingMessage(Envelope(header: header, payload: request), attachment: attachment)
         } catch {

@@ -84,7 +84,8 @@ public struct OnboardingGateway: Service {
     public func routes() -> Router<GatewayContext> {
         let router = Router(context: GatewayContext.self)
         router.addMiddleware {
-            // Outermost: it sees the status of every answer, problems included.
+            // Outermost: they see the status of every answer, problems included.
+            HTTPTracingMiddleware()
             HTTPMetricsMiddleware()
             ProblemMiddleware(logger: logger)
         }

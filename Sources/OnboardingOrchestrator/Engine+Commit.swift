@@ -2,6 +2,7 @@ import GRDB
 import Messaging
 import OnboardingAPI
 import ServiceRuntime
+import Tracing
 
 /// One transaction per batch: the machine's decisions, the people and cursors they change and the
 /// intents they emit; after a rollback, and at start-up, the machine is rebuilt from the store.
@@ -11,19 +12,23 @@ extension Engine {
     /// rethrown. Called on the bus's thread.
     func commitNow(_ batch: [Submission], in sqlite: SQLiteOrchestratorStorage) throws {
         let started = ContinuousClock.now
+        let tracedStart = DefaultTracerClock.now
         do {
             let actions = try decide(batch, in: sqlite)
-            count(batch, committed: true, since: started)
+            count(batch, committed: true, since: started, tracedStart)
             committed(batch, actions)
         } catch {
-            count(batch, committed: false, since: started)
+            count(batch, committed: false, since: started, tracedStart)
             try failed(batch, error)
         }
     }
 
     /// The batch's transaction, its size and its decisions, for the metrics.
-    private func count(_ batch: [Submission], committed: Bool, since started: ContinuousClock.Instant) {
+    private func count(
+        _ batch: [Submission], committed: Bool, since started: ContinuousClock.Instant, _ tracedStart: DefaultTracerClock.Instant
+    ) {
         StoreFigures.transaction(committed: committed, since: started)
+        traces.ended(committed: committed, started: tracedStart)
         guard committed else { return figures.rolledBack() }
         StoreFigures.eventBatch(batch.reduce(0) { $0 + $1.inputs.count })
         figures.committed()
@@ -48,12 +53,13 @@ extension Engine {
     /// waiting on the batch is told; the next batch starts the machine again from the store.
     func commit(_ batch: [Submission], in store: any BufferedDecisionStore) async {
         let started = ContinuousClock.now
+        let tracedStart = DefaultTracerClock.now
         do {
             let actions = try await decide(batch, in: store)
-            count(batch, committed: true, since: started)
+            count(batch, committed: true, since: started, tracedStart)
             committed(batch, actions)
         } catch {
-            count(batch, committed: false, since: started)
+            count(batch, committed: false, since: started, tracedStart)
             // Whatever failed after the machine moved on (the writes, the commit) leaves it ahead
             // of the store.
             stale.store(true, ordering: .releasing)
@@ -158,10 +164,10 @@ extension Engine {
                 if !machine.isTracking(input.uid), let stored = try transaction.storedPerson(input.uid) {
                     later += machine.restore(uid: input.uid, stored)
                 }
-                for action in machine.handle(input) {
+                for action in traces.deciding(input.uid, { machine.handle(input) }) {
                     switch action {
                     case .emit(let intent):
-                        emitted[intent.uid] = try emit(intent, in: &transaction)
+                        emitted[intent.uid] = try traces.publishing(intent.uid) { try emit(intent, in: &transaction) }
                     case .checkProfile(let uid, let check) where profiles[uid] != nil:
                         // Answered ahead (see `Submission.profiles`): decided in this transaction.
                         let found = profiles.removeValue(forKey: uid)!

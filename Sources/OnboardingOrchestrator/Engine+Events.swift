@@ -40,6 +40,7 @@ extension Engine {
                 case SignedIn.type:
                     let signedIn = try event.payload(as: SignedIn.self)
                     figures.signedIn(signedIn.uid, at: event.header.time)
+                    traces.received(event, about: signedIn.uid)
                     inputs.append(.signedIn(uid: signedIn.uid, isNewAccount: signedIn.isNewAccount, sessions: signedIn.sessions))
                 case SignedOut.type:
                     let signedOut = try event.payload(as: SignedOut.self)

@@ -51,6 +51,8 @@ final class Engine: Sendable {
     let source = ServiceName.orchestrator
     /// Decisions, sign-in to intent, clean-ups: for the metrics.
     let figures = DecisionFigures()
+    /// Traced events, their decisions and intents: for the traces.
+    let traces = DecisionTraces()
 
     /// The task committing queued batches to a shared store, while it runs.
     private let committing = Mutex<Task<Void, Never>?>(nil)

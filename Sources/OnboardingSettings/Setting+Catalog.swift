@@ -265,6 +265,16 @@ extension Setting {
             group: .metrics, programs: [program])
     }
 
+    /// Where spans go (OTLP over HTTP); unset: no traces.
+    public static let otlpEndpoint = Setting(
+        "otlpEndpoint", .url, default: .unset("none: no traces"),
+        "where the program sends its spans, OTLP over HTTP (an OpenTelemetry collector's `http://host:4318`; `/v1/traces` is added); unset: nothing is traced",
+        group: .metrics, programs: Program.servers)
+    public static let traceSamplePercent = Setting(
+        "traceSamplePercent", .integer(0...100), default: .value("100"),
+        "of the traces the gateway starts, the share kept (a trace a request carries in `traceparent` keeps its own decision)",
+        group: .metrics, programs: Program.servers)
+
     /// The metrics address setting of `program`, if it has one.
     public static func metrics(for program: Program) -> Setting? {
         [authMetrics, profileMetrics, imageMetrics, orchestratorMetrics, gatewayMetrics].first { $0.programs.contains(program) }
@@ -290,7 +300,7 @@ extension Setting {
         gatewayTrustedProxies, gatewaySignInsPerMinute, gatewayUsernameChecksPerSecond, gatewayHeartbeatSeconds,
         gatewayIdleTimeoutSeconds,
         curve, keysDir, keyName,
-        authMetrics, profileMetrics, imageMetrics, orchestratorMetrics, gatewayMetrics,
+        authMetrics, profileMetrics, imageMetrics, orchestratorMetrics, gatewayMetrics, otlpEndpoint, traceSamplePercent,
         clientState,
     ]
 }

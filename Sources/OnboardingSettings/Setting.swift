@@ -65,7 +65,7 @@ public struct Setting: Sendable, Hashable, CustomStringConvertible {
         case unlinking = "Unlinking at the provider on withdrawal (auth)"
         case gateway = "HTTP gateway"
         case bus = "The bus's keys (CURVE)"
-        case metrics = "Metrics"
+        case metrics = "Metrics and traces"
         case tools = "Command-line tools"
     }
 

@@ -54,6 +54,8 @@ public struct PostgresOutbox: Sendable {
         public var time: String
         let envelope: @Sendable (EnvelopeHeader) throws -> Data
         let correlationId: String?
+        /// The trace context of the work that recorded it (see ``Traces``), written with it.
+        let trace: (traceparent: String?, tracestate: String?)
 
         public init<Event: APIEvent>(
             _ event: Event, uid: String?, correlationId: String? = nil, topic: String? = nil, time: String? = nil
@@ -64,6 +66,13 @@ public struct PostgresOutbox: Sendable {
             self.time = time ?? Timestamp.now()
             self.correlationId = correlationId
             self.envelope = { header in try Envelope(header: header, payload: event).encoded() }
+            if Traces.isEnabled {
+                var traced = EnvelopeHeader(id: "", type: Event.type, source: "", time: "")
+                Traces.inject(into: &traced)
+                self.trace = (traced.traceparent, traced.tracestate)
+            } else {
+                self.trace = (nil, nil)
+            }
         }
     }
 
@@ -113,7 +122,8 @@ public struct PostgresOutbox: Sendable {
             let sequence = last + 1 + Int64(offset)
             let header = EnvelopeHeader(
                 type: event.type, source: source, sequence: UInt64(sequence), time: event.time,
-                correlationId: event.correlationId, uid: event.uid)
+                correlationId: event.correlationId, uid: event.uid, traceparent: event.trace.traceparent,
+                tracestate: event.trace.tracestate)
             let body = try event.envelope(header)
             sequences.append(sequence)
             types.append(event.type)

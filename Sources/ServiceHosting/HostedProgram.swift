@@ -1,11 +1,12 @@
 import ArgumentParser
-import Foundation
 import CoreMetrics
+import Foundation
 import Logging
 import Messaging
-import Prometheus
+import OTel
 import OnboardingAPI
 import OnboardingSettings
+import Prometheus
 import ServiceLifecycle
 import ZeroMQMessaging
 
@@ -94,7 +95,7 @@ public struct HostCommand<Hosted: HostedProgram>: AsyncParsableCommand {
             return
         }
         let level = Logger.Level(rawValue: (try? settings.choice(.logLevel)) ?? "info") ?? .info
-        Hosting.bootstrapLogging(level: level)
+        Hosting.bootstrapLogging(level: level, traced: settings.text(.otlpEndpoint) != nil)
         let logger = Logger(label: Hosted.name)
         do {
             try Self.checkReplicasShareAStore(settings)
@@ -146,12 +147,14 @@ extension HostCommand {
 /// Starting a program's services: logging, the ZeroMQ bus, and a `ServiceGroup` that stops
 /// everything cleanly on SIGTERM or SIGINT.
 public enum Hosting {
-    /// Sets up logging to standard error at `level`, once per process.
-    public static func bootstrapLogging(level: Logger.Level) {
+    /// Sets up logging to standard error at `level`, once per process; with `traced`, each line
+    /// written inside a traced request or event carries its `trace_id` and `span_id`.
+    public static func bootstrapLogging(level: Logger.Level, traced: Bool = false) {
         // A closed log reader must not kill the service mid-shutdown: writes fail instead.
         signal(SIGPIPE, SIG_IGN)
+        let provider = traced ? OTel.makeLoggingMetadataProvider() : nil
         LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
+            var handler = StreamLogHandler.standardError(label: label, metadataProvider: provider)
             handler.logLevel = level
             return handler
         }
@@ -172,7 +175,9 @@ public enum Hosting {
         let registry = PrometheusCollectorRegistry()
         if metrics != nil { MetricsSystem.bootstrap(CatalogMetricsFactory(registry: registry)) }
         var services: [any Service]
+        let tracer: (any Service)?
         do {
+            tracer = try TraceExport.bootstrap(name: name, settings: settings, logger: logger)
             services = try await makeServices(bus)
             if let metrics {
                 let own = metrics.own
@@ -196,6 +201,8 @@ public enum Hosting {
             // A group shuts its services down last to first: the bus comes first so that it
             // stops last, after every service has finished what it had in flight.
             services: [.init(service: bus)]
+                // After the services, before the bus: spans are sent once the services have stopped.
+                + (tracer.map { [.init(service: $0)] } ?? [])
                 + services.map {
                     .init(service: $0, successTerminationBehavior: .gracefullyShutdownGroup,
                           failureTerminationBehavior: .gracefullyShutdownGroup)
@@ -228,5 +235,33 @@ struct ParentWatch: Service {
         } catch is CancellationError {
             // Stopping for another reason.
         }
+    }
+}
+
+/// Traces over OTLP, when the program's `ONBOARDING_OTLP_ENDPOINT` is set (see ``Traces``).
+enum TraceExport {
+    /// Bootstraps swift-otel's tracer for the process and turns ``Traces`` on; returns the
+    /// service that sends the spans, or `nil` when no endpoint is set.
+    ///
+    /// Only traces: metrics stay with Prometheus and logs on standard error. `OTEL_*` variables
+    /// still override what is set here (`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/json`, say).
+    static func bootstrap(name: String, settings: Settings, logger: Logger) throws -> (any Service)? {
+        guard let endpoint = try settings.url(.otlpEndpoint) else { return nil }
+        let percent = try settings.integer(.traceSamplePercent)
+        var configuration = OTel.Configuration.default
+        configuration.serviceName = name
+        configuration.diagnosticLogLevel = .warning
+        configuration.metrics.enabled = false
+        configuration.logs.enabled = false
+        configuration.propagators = [.traceContext]
+        configuration.traces.sampler = .parentBasedTraceIDRatio(ratio: Double(percent) / 100) ?? .parentBasedAlwaysOn
+        configuration.traces.otlpExporter.protocol = .httpProtobuf
+        // Set explicitly, the endpoint is used as it is: the path is ours to add.
+        configuration.traces.otlpExporter.endpoint = (endpoint.hasSuffix("/") ? String(endpoint.dropLast()) : endpoint) + "/v1/traces"
+        configuration.traces.batchSpanProcessor.scheduleDelay = .seconds(1)
+        let service = try OTel.bootstrap(configuration: configuration)
+        Traces.enable()
+        logger.info("spans go to \(configuration.traces.otlpExporter.endpoint) (OTLP over HTTP; \(percent) % of new traces kept)")
+        return service
     }
 }

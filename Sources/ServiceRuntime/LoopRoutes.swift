@@ -3,6 +3,7 @@ import GRDB
 import Logging
 import Messaging
 import OnboardingAPI
+import Tracing
 
 /// The requests a service answers on the bus's own thread: the hot path.
 ///
@@ -169,6 +170,23 @@ extension RequestDispatcher {
         var route: LoopRoutes.Route
         var payload: any Sendable
         var context: RequestContext
+        /// Its span, when it continues a trace (see ``Traces``).
+        var span: (any Tracing.Span)?
+
+        /// Runs `body` in the job's trace, so that the events it records and the calls it
+        /// makes carry it on.
+        func traced<T>(_ body: () throws -> T) rethrows -> T {
+            guard let span else { return try body() }
+            return try ServiceContext.withValue(span.context, operation: body)
+        }
+
+        /// Sends `reply`, and ends the job's span (an error reply marks it failed).
+        func answer(_ reply: OutgoingMessage) {
+            raw.reply(reply)
+            guard let span else { return }
+            if let code = reply.failure { span.setStatus(SpanStatus(code: .error, message: code.rawValue)) }
+            span.end()
+        }
     }
 
     /// Handles one batch on the bus's own thread: loop routes are read, checked, committed together
@@ -205,14 +223,16 @@ extension RequestDispatcher {
             }
             do throws(ServiceError) {
                 try route.attachment.check(raw.attachment, type: read.header.type)
+                let span = Traces.span(read.header.type, for: read.header, ofKind: .server)
                 if needsSession(read.header, caller: raw.caller, route.access) {
-                    try verifyThenRun(raw: raw, route: route, payload: payload, message: message)
+                    try verifyThenRun(raw: raw, route: route, payload: payload, message: message, span: span)
                     continue
                 }
                 let access: Access = route.access == .sessionOrService ? .service : route.access
                 let uid = try Self.resolveWithoutSession(
                     header: read.header, caller: raw.caller, access: access, serviceToken: serviceToken, server: source)
-                jobs.append(LoopJob(raw: raw, route: route, payload: payload, context: RequestContext(message: message, uid: uid)))
+                jobs.append(
+                    LoopJob(raw: raw, route: route, payload: payload, context: RequestContext(message: message, uid: uid), span: span))
             } catch {
                 raw.reply(message.errorReply(error, source: source))
             }
@@ -221,7 +241,9 @@ extension RequestDispatcher {
     }
 
     /// Asks for the session of a request that needs one, then runs it.
-    private func verifyThenRun(raw: RawRequest, route: LoopRoutes.Route, payload: any Sendable, message: Message) throws(ServiceError) {
+    private func verifyThenRun(
+        raw: RawRequest, route: LoopRoutes.Route, payload: any Sendable, message: Message, span: (any Tracing.Span)?
+    ) throws(ServiceError) {
         guard let token = message.header.sessionToken, !token.isEmpty else {
             throw ServiceError.missingSessionToken
         }
@@ -232,8 +254,12 @@ extension RequestDispatcher {
         sessions.uid(forSessionToken: token) { result in
             switch result {
             case .success(let uid):
-                dispatcher.run([LoopJob(raw: raw, route: route, payload: payload, context: RequestContext(message: message, uid: uid))])
+                dispatcher.run([
+                    LoopJob(raw: raw, route: route, payload: payload, context: RequestContext(message: message, uid: uid), span: span)
+                ])
             case .failure(let error):
+                span?.setStatus(SpanStatus(code: .error, message: error.code.rawValue))
+                span?.end()
                 raw.reply(message.errorReply(error, source: dispatcher.source))
             }
         }
@@ -261,7 +287,12 @@ extension RequestDispatcher {
             }
         }
         for (job, answer) in zip(jobs, answers) {
-            if let answer { job.raw.reply(answer()) }
+            if let answer {
+                job.answer(answer())
+            } else {
+                // Answered later, by the handler: the span covers what was done here.
+                job.span?.end()
+            }
         }
     }
 
@@ -294,7 +325,7 @@ extension RequestDispatcher {
                     let job = jobs[index]
                     let changes = db.totalChangesCount
                     do {
-                        return try job.route.run(job.payload, job.context, db, job.raw)
+                        return try job.traced { try job.route.run(job.payload, job.context, db, job.raw) }
                     } catch let refusal as ServiceError
                         where db.totalChangesCount == changes && (!writes || db.isInsideTransaction)
                     {
@@ -310,10 +341,15 @@ extension RequestDispatcher {
             let made: [LoopRoutes.Answer?]
             if writes {
                 let started = ContinuousClock.now
+                let traced = indices.filter { jobs[$0].span != nil }
+                let tracedStart = traced.isEmpty ? nil : DefaultTracerClock.now
                 do {
                     made = try database.writeTransaction(run)
                     StoreFigures.transaction(committed: true, since: started)
                     StoreFigures.requestBatch(indices.count)
+                    if let tracedStart {
+                        for index in traced { jobs[index].span.map { Traces.child("commit", of: $0.context, at: tracedStart).end() } }
+                    }
                 } catch {
                     StoreFigures.transaction(committed: false, since: started)
                     throw error

@@ -94,8 +94,9 @@ public final class Outbox: Sendable {
         // SQLite's data version); otherwise the transaction's first event reads it (a seek to
         // each table's last row), as it does after a rollback or a restart.
         func insert(_ sequence: UInt64) throws -> Data {
-            let header = EnvelopeHeader(
+            var header = EnvelopeHeader(
                 type: Event.type, source: source, sequence: sequence, time: time, correlationId: correlationId, uid: uid)
+            Traces.inject(into: &header)
             let body = try Envelope(header: header, payload: event).encoded()
             try db.executeHot("INSERT INTO outbox (sequence, type, topic, uid, envelope, createdAt) VALUES (?, ?, ?, ?, ?, ?)") {
                 $0.bind(Int64(clamping: sequence))

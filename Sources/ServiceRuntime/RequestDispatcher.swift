@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import Messaging
 import OnboardingAPI
+import Tracing
 
 /// Who may make a request.
 public enum Access: Sendable {
@@ -120,7 +121,7 @@ public struct RequestDispatcher: Sendable {
         let sessions = self.sessions
         let serviceToken = self.serviceToken
         let logger = self.logger
-        handlers[Request.type] = { incoming in
+        let handle: Handler = { incoming in
             do {
                 let message = incoming.message
                 try attachment.check(message.attachment, type: Request.type)
@@ -139,6 +140,15 @@ public struct RequestDispatcher: Sendable {
                 logger.error("\(Request.type) failed: \(error)", metadata: ["id": "\(incoming.message.header.id)"])
                 incoming.fail(ServiceError(.internalError, "\(Request.type) failed inside \(source); see its log."), source: source)
             }
+        }
+        // A request that carries a trace is handled in a span of it, so that the calls the
+        // handler makes and the events it records carry the trace on (see ``Traces``).
+        handlers[Request.type] = { incoming in
+            guard let span = Traces.span(Request.type, for: incoming.message.header, ofKind: .server) else {
+                return await handle(incoming)
+            }
+            await ServiceContext.withValue(span.context) { await handle(incoming) }
+            span.end()
         }
     }
 

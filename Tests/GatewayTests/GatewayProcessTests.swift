@@ -34,7 +34,8 @@ final class RunningExecutables: Sendable {
         return url
     }
 
-    init() throws {
+    /// - Parameter extra: more environment for every executable (tracing's, say).
+    init(extra: [String: String] = [:]) throws {
         let base = 16_000 + Int.random(in: 0..<99) * 10
         self.base = base
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("gateway-processes-\(UUID().uuidString)")
@@ -54,7 +55,7 @@ final class RunningExecutables: Sendable {
             "ONBOARDING_GATEWAY_HEARTBEAT_SECONDS": "1", "ONBOARDING_LOG_LEVEL": "warning",
             // Stopped with this test process, even when it crashes.
             "ONBOARDING_EXIT_WITH_PARENT": String(ProcessInfo.processInfo.processIdentifier),
-        ]) { $1 }
+        ].merging(extra) { $1 }) { $1 }
         var services: [Process] = []
         for (name, arguments) in [
             ("auth-service", ["--auth-dev-mode"]), ("profile-service", []), ("image-upload-service", []),

@@ -122,7 +122,7 @@ struct WireEncoderTests {
             let header = EnvelopeHeader(
                 version: Int(truncatingIfNeeded: random.next()), id: FuzzValues.string(&random), type: FuzzValues.string(&random),
                 source: "test\u{1}\"\\/é", sequence: random.next(), time: FuzzValues.string(&random), correlationId: maybe(),
-                uid: maybe(), sessionToken: maybe(), serviceToken: maybe())
+                uid: maybe(), sessionToken: maybe(), serviceToken: maybe(), traceparent: maybe(), tracestate: maybe())
             let envelope = Envelope(header: header, payload: value)
             let foundation = try WireFormat.encoder().encode(envelope)
             for wire in [try WireEncoder.encode(envelope), try envelope.encoded()] {

@@ -109,8 +109,9 @@ struct ProtoTests {
         let reply = try Proto.example("image.deleteAll.reply")  // has correlationId and uid
         let request = try Proto.example("auth.signOut")  // has sessionToken
         let serviceRequest = try Proto.example("image.deleteAll")  // has serviceToken
+        let traced = try Proto.example("auth.signedIn")  // has traceparent and tracestate
         for name in (schema["properties"]?.objectValue ?? [:]).keys.sorted() {
-            let example = [reply, request, serviceRequest].first { $0[name] != nil } ?? request
+            let example = [reply, request, serviceRequest, traced].first { $0[name] != nil } ?? request
             #expect(example[name] != nil, "no example sets \(name)")
             for variant in [PropertyChange.remove, .setNull] {
                 let changed = example.changing(name, variant)
