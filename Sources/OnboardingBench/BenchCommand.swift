@@ -104,6 +104,8 @@ public struct BenchCommand: ParsableCommand {
     var quietSeconds: Double = 5
     @Option(help: "Stop waiting for missing intents this many seconds after the last send.")
     var drainTimeout: Double = 60
+    @Flag(help: "Send W3C trace context (traceparent) with every request, each its own sampled trace: with services exporting traces (ONBOARDING_OTLP_ENDPOINT), every request is traced through every hop.")
+    var traced = false
 
     @OptionGroup var endpoints: EndpointOptions
 
@@ -134,7 +136,7 @@ public struct BenchCommand: ParsableCommand {
             scenario: scenario, authRPC: endpoints.authRPC.rawValue, orchestratorRPC: endpoints.orchestratorRPC.rawValue,
             routes: endpoints.routesEndpoint.rawValue,
             keys: try endpoints.busConfiguration(for: .bench, more: [.dataDir: dataDir]).keys, runDirectory: runDir ?? "\(dataDirectory)/run", prepWindow: prepWindow,
-            quietSeconds: quietSeconds, drainTimeout: drainTimeout)
+            quietSeconds: quietSeconds, drainTimeout: drainTimeout, traced: traced)
         let run = BenchRun(settings: settings, progress: Self.progress)
         if CPUProbe.services.contains(where: { run.probe.pid(of: $0) == nil }) {
             Self.progress("no pid files in \(settings.runDirectory ?? "?") for every service: CPU per service shows – where missing")

@@ -58,6 +58,8 @@ struct BenchSettings: Sendable {
     var quietSeconds = 5.0
     /// Give up on missing intents this long after the last send at the latest (seconds).
     var drainTimeout = 60.0
+    /// Whether every request carries trace context (see ``RequestFactory/traced``).
+    var traced = false
 }
 
 /// Drives the system through the steps of one run: the route subscriber for the whole run, a
@@ -65,7 +67,7 @@ struct BenchSettings: Sendable {
 /// Runs on the caller's thread (the coordinator), which never sends timed requests itself.
 final class BenchRun {
     let settings: BenchSettings
-    let factory = RequestFactory()
+    let factory: RequestFactory
     let probe: CPUProbe
     private let receiver: IntentReceiver
     private let progress: (String) -> Void
@@ -75,6 +77,7 @@ final class BenchRun {
     init(settings: BenchSettings, progress: @escaping (String) -> Void) {
         self.settings = settings
         self.progress = progress
+        factory = RequestFactory(traced: settings.traced)
         probe = CPUProbe(runDirectory: settings.runDirectory)
         receiver = IntentReceiver(endpoint: settings.routes, keys: settings.keys)
     }

@@ -85,10 +85,14 @@ struct RequestFactory: Sendable {
     let runTag: String
     /// `time` of every envelope: when the run was prepared (RFC 3339, UTC, milliseconds).
     let time: String
+    /// Whether each request carries W3C trace context: `traceparent`, a trace of its own per
+    /// number (`<run tag>` and the number in the trace id, the number in the span id), sampled.
+    let traced: Bool
 
-    init(runTag: String = RequestFactory.makeRunTag(), time: String = RequestFactory.timestamp(Date())) {
+    init(runTag: String = RequestFactory.makeRunTag(), time: String = RequestFactory.timestamp(Date()), traced: Bool = false) {
         self.runTag = runTag
         self.time = time
+        self.traced = traced
     }
 
     static func makeRunTag() -> String {
@@ -115,6 +119,13 @@ struct RequestFactory: Sendable {
         builder.text("\",\"type\":\"")
         builder.string(type)
         builder.text("\",\"source\":\"\(Self.source)\",\"sequence\":0,\"time\":\"\(time)\"")
+        if traced {
+            builder.text(",\"traceparent\":\"00-\(runTag)0000000000000000")
+            builder.slot(width: 8, radix: 16)
+            builder.text("-00f067aa")
+            builder.slot(width: 8, radix: 16)
+            builder.text("-01\"")
+        }
     }
 
     /// `auth.signIn` in dev mode (no ID token): a new account for every number.
