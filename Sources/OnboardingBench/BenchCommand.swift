@@ -104,8 +104,10 @@ public struct BenchCommand: ParsableCommand {
     var quietSeconds: Double = 5
     @Option(help: "Stop waiting for missing intents this many seconds after the last send.")
     var drainTimeout: Double = 60
-    @Flag(help: "Send W3C trace context (traceparent) with every request, each its own sampled trace: with services exporting traces (ONBOARDING_OTLP_ENDPOINT), every request is traced through every hop.")
-    var traced = false
+    @Option(help: ArgumentHelp(
+        "Send W3C trace context (traceparent) with every request, each a trace of its own, this percentage of them sampled (the rest carry it unsampled, as from a gateway that keeps that share): with services exporting traces (ONBOARDING_OTLP_ENDPOINT), those are traced through every hop.",
+        valueName: "percent"))
+    var traced: UInt64?
 
     @OptionGroup var endpoints: EndpointOptions
 
@@ -117,6 +119,7 @@ public struct BenchCommand: ParsableCommand {
         guard startRate >= 1, maxSteps >= 1, p99LimitMs > 0, pause >= 0, prepWindow >= 1, quietSeconds > 0, drainTimeout > 0 else {
             throw ValidationError("--start-rate, --max-steps, --prep-window must be at least 1; --p99-limit-ms, --quiet-seconds, --drain-timeout above 0.")
         }
+        if let traced, traced > 100 { throw ValidationError("--traced takes a percentage, 0 to 100.") }
         if let baseline, !FileManager.default.fileExists(atPath: baseline) {
             throw ValidationError("--baseline \(baseline): no such file.")
         }
@@ -136,7 +139,7 @@ public struct BenchCommand: ParsableCommand {
             scenario: scenario, authRPC: endpoints.authRPC.rawValue, orchestratorRPC: endpoints.orchestratorRPC.rawValue,
             routes: endpoints.routesEndpoint.rawValue,
             keys: try endpoints.busConfiguration(for: .bench, more: [.dataDir: dataDir]).keys, runDirectory: runDir ?? "\(dataDirectory)/run", prepWindow: prepWindow,
-            quietSeconds: quietSeconds, drainTimeout: drainTimeout, traced: traced)
+            quietSeconds: quietSeconds, drainTimeout: drainTimeout, tracedPercent: traced)
         let run = BenchRun(settings: settings, progress: Self.progress)
         if CPUProbe.services.contains(where: { run.probe.pid(of: $0) == nil }) {
             Self.progress("no pid files in \(settings.runDirectory ?? "?") for every service: CPU per service shows – where missing")

@@ -58,8 +58,8 @@ struct BenchSettings: Sendable {
     var quietSeconds = 5.0
     /// Give up on missing intents this long after the last send at the latest (seconds).
     var drainTimeout = 60.0
-    /// Whether every request carries trace context (see ``RequestFactory/traced``).
-    var traced = false
+    /// The share of requests traced, when they carry trace context (see ``RequestFactory/tracedPercent``).
+    var tracedPercent: UInt64? = nil
 }
 
 /// Drives the system through the steps of one run: the route subscriber for the whole run, a
@@ -77,7 +77,7 @@ final class BenchRun {
     init(settings: BenchSettings, progress: @escaping (String) -> Void) {
         self.settings = settings
         self.progress = progress
-        factory = RequestFactory(traced: settings.traced)
+        factory = RequestFactory(tracedPercent: settings.tracedPercent)
         probe = CPUProbe(runDirectory: settings.runDirectory)
         receiver = IntentReceiver(endpoint: settings.routes, keys: settings.keys)
     }

@@ -8,6 +8,9 @@ struct MessageTemplate: Sendable, Equatable {
         var offset: Int
         var width: Int
         var radix: UInt64
+        /// Instead of digits: W3C trace flags, `01` (sampled) for this percentage of numbers
+        /// (those whose last two decimal digits are below it), `00` for the rest.
+        var sampledPercent: UInt64? = nil
     }
 
     var bytes: [UInt8]
@@ -18,6 +21,11 @@ struct MessageTemplate: Sendable, Equatable {
     mutating func fill(_ number: UInt64) {
         bytes.withUnsafeMutableBufferPointer { bytes in
             for slot in slots {
+                if let percent = slot.sampledPercent {
+                    bytes[slot.offset] = UInt8(ascii: "0")
+                    bytes[slot.offset + 1] = number % 100 < percent ? UInt8(ascii: "1") : UInt8(ascii: "0")
+                    continue
+                }
                 var value = number
                 var index = slot.offset + slot.width - 1
                 while index >= slot.offset {
@@ -69,6 +77,12 @@ struct TemplateBuilder {
         bytes += repeatElement(UInt8(ascii: "0"), count: width)
     }
 
+    /// Two characters of W3C trace flags: sampled for `percent` of the numbers.
+    mutating func traceFlags(sampledPercent percent: UInt64) {
+        slots.append(MessageTemplate.Slot(offset: bytes.count, width: 2, radix: 16, sampledPercent: percent))
+        bytes += Array("00".utf8)
+    }
+
     var template: MessageTemplate { MessageTemplate(bytes: bytes, slots: slots) }
 }
 
@@ -85,14 +99,18 @@ struct RequestFactory: Sendable {
     let runTag: String
     /// `time` of every envelope: when the run was prepared (RFC 3339, UTC, milliseconds).
     let time: String
-    /// Whether each request carries W3C trace context: `traceparent`, a trace of its own per
-    /// number (`<run tag>` and the number in the trace id, the number in the span id), sampled.
-    let traced: Bool
+    /// The share of requests, in percent, whose W3C trace context says sampled; `nil`: no
+    /// request carries trace context. Each that does has a trace of its own (`traceparent`:
+    /// the run tag and the number in the trace id, the number in the span id), as a gateway
+    /// sampling that share would send: the rest carry their context unsampled.
+    let tracedPercent: UInt64?
 
-    init(runTag: String = RequestFactory.makeRunTag(), time: String = RequestFactory.timestamp(Date()), traced: Bool = false) {
+    init(
+        runTag: String = RequestFactory.makeRunTag(), time: String = RequestFactory.timestamp(Date()), tracedPercent: UInt64? = nil
+    ) {
         self.runTag = runTag
         self.time = time
-        self.traced = traced
+        self.tracedPercent = tracedPercent
     }
 
     static func makeRunTag() -> String {
@@ -119,12 +137,14 @@ struct RequestFactory: Sendable {
         builder.text("\",\"type\":\"")
         builder.string(type)
         builder.text("\",\"source\":\"\(Self.source)\",\"sequence\":0,\"time\":\"\(time)\"")
-        if traced {
+        if let tracedPercent {
             builder.text(",\"traceparent\":\"00-\(runTag)0000000000000000")
             builder.slot(width: 8, radix: 16)
             builder.text("-00f067aa")
             builder.slot(width: 8, radix: 16)
-            builder.text("-01\"")
+            builder.text("-")
+            builder.traceFlags(sampledPercent: tracedPercent)
+            builder.text("\"")
         }
     }
 

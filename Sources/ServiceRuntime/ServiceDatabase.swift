@@ -249,7 +249,9 @@ public func withCheckpoints<T: Sendable>(
                     "the write-ahead log of \(path) is \(size / 1_048_576) MiB; truncating it holds writers back until it is done")
                 _ = try connection.writeWithoutTransaction { try $0.checkpoint(.truncate) }
             }
+            StoreFigures.checkpoint(succeeded: size)
         } catch {
+            StoreFigures.checkpoint(succeeded: nil)
             logger.warning("checkpoint (\(mode)) of \(path) failed: \(error); the write-ahead log grows until a later one succeeds")
         }
     }

@@ -239,6 +239,20 @@ import Testing
         #expect(UUID(uuidString: object["id"] as! String) != nil)
     }
 
+    @Test func tracedRequestsCarryATraceOfTheirOwnSampledAsAsked() throws {
+        let traced = RequestFactory(runTag: "0a1b2c3d", time: "2026-11-23T10:00:00.000Z", tracedPercent: 10)
+        func traceparent(_ number: UInt64) throws -> String {
+            let text = traced.signIn().text(for: number)
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any])
+            return try #require(object["traceparent"] as? String)
+        }
+        #expect(try traceparent(0x2a) == "00-0a1b2c3d00000000000000000000002a-00f067aa0000002a-00")
+        #expect(try traceparent(105) == "00-0a1b2c3d000000000000000000000069-00f067aa00000069-01")
+        let sampled = try (0..<1000).filter { try traceparent(UInt64($0)).hasSuffix("-01") }
+        #expect(sampled.count == 100)
+        #expect(!factory.signIn().text(for: 1).contains("traceparent"))
+    }
+
     @Test func setUpUsernamesAreValidAndUnique() throws {
         var names = Set<String>()
         for number: UInt64 in [1, 2, 35, 36, 1_000_000, 2_176_782_335] {

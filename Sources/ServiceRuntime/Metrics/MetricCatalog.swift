@@ -53,6 +53,12 @@ extension MetricDefinition {
     public static let batchSize = MetricDefinition(
         "onboarding_batch_size", .histogram, labels: ["kind"], by: "auth, profile, orchestrator",
         "Requests (kind=requests) or events (kind=events) handled together in one transaction.")
+    public static let walCheckpoints = MetricDefinition(
+        "onboarding_wal_checkpoints_total", .counter, labels: ["result"], by: "auth, profile, orchestrator (SQLite)",
+        "Checkpoints of SQLite's write-ahead log (every 50 ms, off the hot path), by result: ok or failed.")
+    public static let walBytes = MetricDefinition(
+        "onboarding_wal_bytes", .gauge, by: "auth, profile, orchestrator (SQLite)",
+        "What SQLite's write-ahead log held at the last checkpoint, in bytes (it grows while checkpoints fail).")
     public static let outboxRows = MetricDefinition(
         "onboarding_outbox_rows", .gauge, by: "auth, profile, orchestrator",
         "Events kept in the outbox for events.after (pruned after the retention).")
@@ -150,7 +156,7 @@ extension MetricDefinition {
     /// Every metric, in the order the README lists them.
     public static let all: [MetricDefinition] =
         [
-            requests, requestDuration, eventsPublished, transactions, transactionDuration, batchSize,
+            requests, requestDuration, eventsPublished, transactions, transactionDuration, batchSize, walCheckpoints, walBytes,
             outboxRows, outboxOldest, outboxRetention,
             feedLagEvents, feedLagSeconds,
         ] + feedCounts.map(\.definition)

@@ -59,6 +59,17 @@ public enum StoreFigures {
 
     /// Records how many events one transaction handled together.
     public static func eventBatch(_ size: Int) { eventBatches.record(size) }
+
+    static let checkpointed = Counter(label: MetricDefinition.walCheckpoints.name, dimensions: [("result", "ok")])
+    static let checkpointFailed = Counter(label: MetricDefinition.walCheckpoints.name, dimensions: [("result", "failed")])
+    static let walBytes = Gauge(label: MetricDefinition.walBytes.name)
+
+    /// Counts a checkpoint of the write-ahead log, which held `bytes` when it succeeded.
+    static func checkpoint(succeeded bytes: Int?) {
+        guard let bytes else { return checkpointFailed.increment() }
+        checkpointed.increment()
+        walBytes.record(bytes)
+    }
 }
 
 /// The outbox's size, age and retention, as the retention loop last found them
