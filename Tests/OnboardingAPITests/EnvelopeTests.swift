@@ -224,3 +224,26 @@ struct IdentifierTests {
         #expect(earlier.hasPrefix("01a3185c"))  // 1,800,000,000,000 ms = 0x01a3185c5000
     }
 }
+
+@Suite("Trace context on the bus")
+struct TraceContextTests {
+    @Test("a traceparent's sampled flag is read from its last hex digit; one that cannot be read is not sampled")
+    func sampled() {
+        #expect(Traces.isSampled("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"))
+        #expect(!Traces.isSampled("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"))
+        #expect(Traces.isSampled("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0b"))
+        #expect(!Traces.isSampled("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0A"))
+        #expect(!Traces.isSampled(""))
+        #expect(!Traces.isSampled("x"))
+        #expect(!Traces.isSampled("00-zz"))
+    }
+
+    @Test("while tracing is off, nothing is read from an envelope or written into one")
+    func off() {
+        let header = EnvelopeHeader(type: "t", source: "s", traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        #expect(Traces.context(of: header) == nil)
+        var written = EnvelopeHeader(type: "t", source: "s")
+        Traces.inject(into: &written)
+        #expect(written.traceparent == nil && written.tracestate == nil)
+    }
+}
