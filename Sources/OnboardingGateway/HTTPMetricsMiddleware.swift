@@ -33,14 +33,21 @@ struct HTTPMetricsMiddleware: RouterMiddleware {
     }
 
     private func record(_ request: Request, _ context: Context, status: Int, since started: ContinuousClock.Instant) {
-        let route = context.endpointPath.map(Self.template) ?? "unmatched"
+        let route = Self.route(of: context)
         let method = Self.methods.contains(request.method) ? request.method.rawValue : "other"
         let (counter, timer) = handles.for(route: route, method: method, status: status)
         counter.increment()
         timer.recordNanoseconds(started.duration(to: .now).nanoseconds)
     }
 
-    private static let methods: Set<HTTPRequest.Method> = [.get, .post, .put, .patch, .delete, .head, .options]
+    static let methods: Set<HTTPRequest.Method> = [.get, .post, .put, .patch, .delete, .head, .options]
+
+    /// The route template the router matched, or `unmatched` (Hummingbird's not-found
+    /// responder calls it `NotFound`: no route, or none for this method).
+    static func route(of context: Context) -> String {
+        guard let path = context.endpointPath, path != "NotFound" else { return "unmatched" }
+        return template(path)
+    }
 
     /// Hummingbird's `/v1/usernames/:username` as OpenAPI writes it: `/v1/usernames/{username}`.
     static func template(_ path: String) -> String {

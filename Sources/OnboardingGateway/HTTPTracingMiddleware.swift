@@ -4,8 +4,8 @@ import OnboardingAPI
 import Tracing
 
 /// A span for each HTTP request, when the gateway exports traces (see ``Traces``): a child of
-/// the trace the request's `traceparent` header names, or the root of a new one (the sampler
-/// decides which are kept). The calls the request makes on the bus carry the trace on.
+/// the trace the request's `traceparent` header names when it is well formed and sampled, or
+/// the root of a new one (the sampler decides which are kept). The calls the request makes on the bus carry the trace on.
 ///
 /// The span is named by the route template (`HTTP GET /v1/usernames/{username}`) and has only
 /// the method, the route and the status as attributes: never the path, which can hold a
@@ -15,10 +15,10 @@ struct HTTPTracingMiddleware: RouterMiddleware {
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         guard Traces.isEnabled else { return try await next(request, context) }
-        var parent = ServiceContext.topLevel
-        InstrumentationSystem.instrument.extract(request.headers, into: &parent, using: HTTPFieldsExtractor())
-        let method = request.method.rawValue
-        let span = InstrumentationSystem.tracer.startSpan("HTTP \(method)", context: parent, ofKind: .server)
+        // Only the two trace fields reach the tracer, never the headers (they hold the session).
+        let parent = request.headers[Self.traceparent].flatMap { Traces.context(traceparent: $0, tracestate: request.headers[Self.tracestate]) }
+        let method = HTTPMetricsMiddleware.methods.contains(request.method) ? request.method.rawValue : "other"
+        let span = InstrumentationSystem.tracer.startSpan("HTTP \(method)", context: parent ?? .topLevel, ofKind: .server)
         defer { span.end() }
         span.attributes["http.request.method"] = method
         do {
@@ -32,7 +32,7 @@ struct HTTPTracingMiddleware: RouterMiddleware {
     }
 
     private func finish(_ span: any Tracing.Span, _ context: Context, method: String, status: Int) {
-        let route = context.endpointPath.map(HTTPMetricsMiddleware.template) ?? "unmatched"
+        let route = HTTPMetricsMiddleware.route(of: context)
         span.operationName = "HTTP \(method) \(route)"
         span.attributes["http.route"] = route
         span.attributes["http.response.status_code"] = status
@@ -40,9 +40,7 @@ struct HTTPTracingMiddleware: RouterMiddleware {
     }
 }
 
-/// Reads W3C trace context from HTTP headers.
-struct HTTPFieldsExtractor: Extractor {
-    func extract(key: String, from fields: HTTPFields) -> String? {
-        HTTPField.Name(key).flatMap { fields[$0] }
-    }
+extension HTTPTracingMiddleware {
+    static let traceparent = HTTPField.Name("traceparent")!
+    static let tracestate = HTTPField.Name("tracestate")!
 }

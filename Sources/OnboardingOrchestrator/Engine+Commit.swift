@@ -28,7 +28,7 @@ extension Engine {
         _ batch: [Submission], committed: Bool, since started: ContinuousClock.Instant, _ tracedStart: DefaultTracerClock.Instant
     ) {
         StoreFigures.transaction(committed: committed, since: started)
-        traces.ended(committed: committed, started: tracedStart)
+        traces.ended(batch.flatMap(\.spans), committed: committed, started: tracedStart)
         guard committed else { return figures.rolledBack() }
         StoreFigures.eventBatch(batch.reduce(0) { $0 + $1.inputs.count })
         figures.committed()

@@ -1,5 +1,6 @@
 import Messaging
 import OnboardingAPI
+import Tracing
 
 /// The services' events as the machine's inputs, committed together with the cursor of the
 /// feed they came from.
@@ -18,8 +19,9 @@ extension Engine {
 
     /// An ``EventFeed`` handler: the events' inputs and the feed's new cursor commit together.
     func handle(_ events: [Message], from publisher: String, through sequence: UInt64) async throws {
+        let (inputs, spans) = inputs(from: events)
         try await withCheckedThrowingContinuation { continuation in
-            enqueue(Submission(inputs: inputs(from: events), cursor: (publisher, sequence), committed: continuation))
+            enqueue(Submission(inputs: inputs, cursor: (publisher, sequence), committed: continuation, spans: spans))
         }
     }
 
@@ -28,11 +30,14 @@ extension Engine {
     func handleOnLoop(_ events: [Message], from publisher: String, through sequence: UInt64, in sqlite: SQLiteOrchestratorStorage)
         throws
     {
-        try commitNow([Submission(inputs: inputs(from: events), cursor: (publisher, sequence))], in: sqlite)
+        let (inputs, spans) = inputs(from: events)
+        try commitNow([Submission(inputs: inputs, cursor: (publisher, sequence), spans: spans)], in: sqlite)
     }
 
-    private func inputs(from events: [Message]) -> [OnboardingStateMachine.Input] {
+    /// The events' inputs, and the spans of those that continue a trace.
+    private func inputs(from events: [Message]) -> ([OnboardingStateMachine.Input], [any Tracing.Span]) {
         var inputs: [OnboardingStateMachine.Input] = []
+        var spans: [any Tracing.Span] = []
         inputs.reserveCapacity(events.count)
         for event in events {
             do {
@@ -40,7 +45,7 @@ extension Engine {
                 case SignedIn.type:
                     let signedIn = try event.payload(as: SignedIn.self)
                     figures.signedIn(signedIn.uid, at: event.header.time)
-                    traces.received(event, about: signedIn.uid)
+                    if let span = traces.received(event, about: signedIn.uid) { spans.append(span) }
                     inputs.append(.signedIn(uid: signedIn.uid, isNewAccount: signedIn.isNewAccount, sessions: signedIn.sessions))
                 case SignedOut.type:
                     let signedOut = try event.payload(as: SignedOut.self)
@@ -62,6 +67,6 @@ extension Engine {
                 logger.warning("ignored an unreadable \(event.header.type) event from \(event.header.source): \(error)")
             }
         }
-        return inputs
+        return (inputs, spans)
     }
 }

@@ -2,6 +2,7 @@ import GRDB
 import Logging
 import Messaging
 import OnboardingAPI
+import Tracing
 import ServiceRuntime
 import Synchronization
 
@@ -91,6 +92,8 @@ final class Engine: Sendable {
         /// Profile answers fetched ahead, by uid: a check these inputs start for that person
         /// takes its answer from here, in the same transaction, instead of asking profile.
         var profiles: [String: ProfileResult] = [:]
+        /// The spans of the traced events among the inputs, ended once they have committed.
+        var spans: [any Tracing.Span] = []
     }
 
     /// Queues `input`; its effects follow once the batch it joins has committed.
@@ -125,7 +128,8 @@ final class Engine: Sendable {
                 for refused in takeQueued() { refuse(refused) }
             }
         case .buffered(let store):
-            committing.withLock { $0 = Task { await commitQueued(in: store) } }
+            // Not in the trace of whatever request queued it: each decision takes its own.
+            committing.withLock { $0 = Task { await ServiceContext.withValue(nil) { await commitQueued(in: store) } } }
         }
     }
 

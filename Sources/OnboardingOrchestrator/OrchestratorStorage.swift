@@ -266,8 +266,12 @@ package struct DecisionBuffer: DecisionTransaction {
     }
 
     package mutating func emit(_ intent: RouteIntent, time: String) throws -> OrchestratorStore.PublishedIntent {
+        // The trace is taken now, while the intent's publication span is current: the outbox
+        // writes the buffer after the decisions.
+        let trace = Traces.current()
         let published = OrchestratorStore.PublishedIntent(
-            intent: intent, sequence: lastSequence + UInt64(emitted.count) + 1, time: time)
+            intent: intent, sequence: lastSequence + UInt64(emitted.count) + 1, time: time, traceparent: trace.traceparent,
+            tracestate: trace.tracestate)
         emitted.append(published)
         return published
     }

@@ -143,11 +143,16 @@ package enum OrchestratorStore {
         package var intent: RouteIntent
         package var sequence: UInt64
         package var time: String
+        /// The trace it continues (W3C text), for a store that writes it after deciding.
+        package var traceparent: String?
+        package var tracestate: String?
 
-        package init(intent: RouteIntent, sequence: UInt64, time: String) {
+        package init(intent: RouteIntent, sequence: UInt64, time: String, traceparent: String? = nil, tracestate: String? = nil) {
             self.intent = intent
             self.sequence = sequence
             self.time = time
+            self.traceparent = traceparent
+            self.tracestate = tracestate
         }
     }
 

@@ -268,11 +268,11 @@ extension Setting {
     /// Where spans go (OTLP over HTTP); unset: no traces.
     public static let otlpEndpoint = Setting(
         "otlpEndpoint", .url, default: .unset("none: no traces"),
-        "where the program sends its spans, OTLP over HTTP (an OpenTelemetry collector's `http://host:4318`; `/v1/traces` is added); unset: nothing is traced",
+        "where the program sends its spans, OTLP over HTTP: an OpenTelemetry collector at `http://127.0.0.1:4318` on this host, or `https://…` (`/v1/traces` is added); unset: nothing is traced",
         group: .metrics, programs: Program.servers)
     public static let traceSamplePercent = Setting(
         "traceSamplePercent", .integer(0...100), default: .value("100"),
-        "of the traces the gateway starts, the share kept (a trace a request carries in `traceparent` keeps its own decision)",
+        "of the traces the gateway starts, the share kept, in percent (a request's own `traceparent` keeps its decision; services continue sampled traces only)",
         group: .metrics, programs: Program.servers)
 
     /// The metrics address setting of `program`, if it has one.

@@ -93,7 +93,7 @@ final class OrchestratorPostgresStore: BufferedDecisionStore {
             let recordings = buffer.emitted.map { published in
                 PostgresOutbox.Recording(
                     published.intent, uid: published.intent.uid, topic: Topics.route(uid: published.intent.uid),
-                    time: published.time)
+                    time: published.time, trace: (published.traceparent, published.tracestate))
             }
             let messages = try await outbox.record(recordings, after: last, on: connection, logger: logger)
             return (result, messages)

@@ -57,8 +57,10 @@ public struct PostgresOutbox: Sendable {
         /// The trace context of the work that recorded it (see ``Traces``), written with it.
         let trace: (traceparent: String?, tracestate: String?)
 
+        /// - Parameter trace: the trace context to write with it; by default the current task's.
         public init<Event: APIEvent>(
-            _ event: Event, uid: String?, correlationId: String? = nil, topic: String? = nil, time: String? = nil
+            _ event: Event, uid: String?, correlationId: String? = nil, topic: String? = nil, time: String? = nil,
+            trace: (traceparent: String?, tracestate: String?)? = nil
         ) {
             self.type = Event.type
             self.topic = topic ?? Event.type
@@ -66,13 +68,7 @@ public struct PostgresOutbox: Sendable {
             self.time = time ?? Timestamp.now()
             self.correlationId = correlationId
             self.envelope = { header in try Envelope(header: header, payload: event).encoded() }
-            if Traces.isEnabled {
-                var traced = EnvelopeHeader(id: "", type: Event.type, source: "", time: "")
-                Traces.inject(into: &traced)
-                self.trace = (traced.traceparent, traced.tracestate)
-            } else {
-                self.trace = (nil, nil)
-            }
+            self.trace = trace ?? Traces.current()
         }
     }
 

@@ -88,6 +88,7 @@ struct FeedProgress: Sendable {
         if page.lastSequence < after {
             // Nothing after 0 was fetched yet; the next page starts from the beginning.
             statistics.newest = page.lastSequence
+            statistics.lastHandledTime = nil
             return PageStep(through: 0, caughtUp: false, reset: true)
         }
         heard(of: page.lastSequence)

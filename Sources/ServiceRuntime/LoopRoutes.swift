@@ -221,9 +221,9 @@ extension RequestDispatcher {
                 deferred(raw.incoming(message))
                 continue
             }
+            let span = Traces.span(read.header.type, for: read.header, ofKind: .server)
             do throws(ServiceError) {
                 try route.attachment.check(raw.attachment, type: read.header.type)
-                let span = Traces.span(read.header.type, for: read.header, ofKind: .server)
                 if needsSession(read.header, caller: raw.caller, route.access) {
                     try verifyThenRun(raw: raw, route: route, payload: payload, message: message, span: span)
                     continue
@@ -234,6 +234,8 @@ extension RequestDispatcher {
                 jobs.append(
                     LoopJob(raw: raw, route: route, payload: payload, context: RequestContext(message: message, uid: uid), span: span))
             } catch {
+                span?.setStatus(SpanStatus(code: .error, message: error.code.rawValue))
+                span?.end()
                 raw.reply(message.errorReply(error, source: source))
             }
         }

@@ -333,10 +333,18 @@ public func withEventRetention<T: Sendable>(
                     if deleted > 0 {
                         logger.info("pruned \(deleted) events past the retention window (\(retention.maxAge), \(retention.maxEvents) events)")
                     }
-                    if let measure { OutboxFigures.record(try await measure(), retention: retention) }
                 } catch {
                     if Task.isCancelled { return }
                     logger.error("pruning the outbox failed: \(error); it grows until a later pruning succeeds")
+                }
+                // Measured whether or not pruning worked: a growing outbox is what its failure shows.
+                if let measure {
+                    do {
+                        OutboxFigures.record(try await measure(), retention: retention)
+                    } catch {
+                        if Task.isCancelled { return }
+                        logger.warning("measuring the outbox for its metrics failed: \(error)")
+                    }
                 }
             } while (try? await Task.sleep(for: interval)) != nil
         }

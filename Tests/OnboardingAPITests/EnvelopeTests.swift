@@ -238,6 +238,18 @@ struct TraceContextTests {
         #expect(!Traces.isSampled("00-zz"))
     }
 
+    @Test("only W3C's version 00 form is read: 55 characters, lowercase hex, ids not all zeros")
+    func wellFormed() {
+        #expect(Traces.isWellFormed("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"))
+        #expect(!Traces.isWellFormed("00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01"))
+        #expect(!Traces.isWellFormed("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"))
+        #expect(!Traces.isWellFormed("00-00000000000000000000000000000000-00f067aa0ba902b7-01"))
+        #expect(!Traces.isWellFormed("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"))
+        #expect(!Traces.isWellFormed("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"))
+        #expect(!Traces.isWellFormed("x1"))
+        #expect(!Traces.isWellFormed("00-4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7-01"))
+    }
+
     @Test("while tracing is off, nothing is read from an envelope or written into one")
     func off() {
         let header = EnvelopeHeader(type: "t", source: "s", traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")

@@ -52,13 +52,13 @@ extension MetricDefinition {
         "Time one of those transactions took, from its start to its commit or rollback.")
     public static let batchSize = MetricDefinition(
         "onboarding_batch_size", .histogram, labels: ["kind"], by: "auth, profile, orchestrator",
-        "Requests (kind=requests) or events (kind=events) handled together in one transaction.")
+        "Requests handled together in one transaction (kind=requests), or the orchestrator's inputs (kind=events: events, checks, profile answers).")
     public static let walCheckpoints = MetricDefinition(
         "onboarding_wal_checkpoints_total", .counter, labels: ["result"], by: "auth, profile, orchestrator (SQLite)",
         "Checkpoints of SQLite's write-ahead log (every 50 ms, off the hot path), by result: ok or failed.")
     public static let walBytes = MetricDefinition(
         "onboarding_wal_bytes", .gauge, by: "auth, profile, orchestrator (SQLite)",
-        "What SQLite's write-ahead log held at the last checkpoint, in bytes (it grows while checkpoints fail).")
+        "What SQLite's write-ahead log held at the last checkpoint that worked, in bytes.")
     public static let outboxRows = MetricDefinition(
         "onboarding_outbox_rows", .gauge, by: "auth, profile, orchestrator",
         "Events kept in the outbox for events.after (pruned after the retention).")

@@ -22,7 +22,7 @@ struct FeedZeroMQTests {
         // A loaded machine (the tests beside this one) can take longer than the default grace to
         // connect; that is not what this test is about.
         var patient = ZeroMQBus.Configuration()
-        patient.connectGrace = .seconds(3)
+        patient.connectGrace = .seconds(10)
         let clientBus = ZeroMQBus(source: "feed", logger: quietLogger, configuration: patient)
         let auth = try AuthService(configuration: configuration, bus: serverBus, logger: quietLogger)
         let feed = EventFeed(
