@@ -426,7 +426,7 @@ let package = Package(
         .executableTarget(name: "onboarding-bench-parts", dependencies: ["OnboardingBench"]),
         .testTarget(
             name: "OnboardingBenchTests",
-            dependencies: ["OnboardingBench"]
+            dependencies: ["OnboardingBench", "TestSupport"]
         ),
 
         // MARK: The HTTP gateway (the app's front door: HTTP and Server-Sent Events over the bus)
@@ -452,7 +452,7 @@ let package = Package(
             name: "GatewayTests",
             dependencies: [
                 "OnboardingGateway", "AuthService", "ProfileService", "ImageUploadService", "OnboardingOrchestrator",
-                "ImageFixtures", "ZeroMQMessaging", "ServiceHosting",
+                "ImageFixtures", "ZeroMQMessaging", "ServiceHosting", "TestSupport",
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

@@ -10,6 +10,7 @@ import ZeroMQMessaging
 
 #if canImport(Glibc)
 import Glibc
+import TestSupport
 #endif
 
 /// The five real executables on loopback ports of their own (16000-16999, which no other test
@@ -126,7 +127,7 @@ final class RunningExecutables: Sendable {
         process.executableURL = binDirectory.appendingPathComponent(name)
         process.arguments = arguments
         process.environment = environment
-        try process.run()
+        try ProcessLaunch.run(process)
         return process
     }
 

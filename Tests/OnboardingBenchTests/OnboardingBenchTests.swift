@@ -3,6 +3,7 @@ import OnboardingAPI
 import Testing
 
 @testable import OnboardingBench
+import TestSupport
 
 @Suite struct LatencySummaryTests {
     @Test func percentilesOfAKnownDistribution() {
@@ -68,7 +69,7 @@ import Testing
         let child = Process()
         child.executableURL = URL(fileURLWithPath: "/bin/sh")
         child.arguments = ["-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 5"]
-        try child.run()
+        try ProcessLaunch.run(child)
         defer { child.terminate() }
         let pid = getpid()
         var family = ProcStat.Times(userTicks: 0, systemTicks: 0)

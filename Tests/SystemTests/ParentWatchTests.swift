@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// `ONBOARDING_EXIT_WITH_PARENT=<pid>`: a service whose starter has gone stops by itself, so a
 /// test run that crashes leaves nothing behind that holds its ports or its output pipes.
@@ -30,7 +31,7 @@ struct ParentWatchTests {
         let log = Pipe()
         shell.standardOutput = output
         shell.standardError = log
-        try shell.run()
+        try ProcessLaunch.run(shell)
         // Auth is started once the shell has printed its pid; then the shell is let go.
         let started = await Task.detached { output.fileHandleForReading.availableData }.value
         #expect(Int32(String(decoding: started, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)) != nil)

@@ -9,6 +9,7 @@ import ZeroMQMessaging
 
 #if canImport(Glibc)
 import Glibc
+import TestSupport
 #endif
 
 /// The real `auth-service` executable with dev mode off, configured only through its environment
@@ -36,7 +37,7 @@ struct ProductionSignInTests {
         let process = Process()
         process.executableURL = RunningSystem.binDirectory.appendingPathComponent("auth-service")
         process.environment = environment
-        try process.run()
+        try ProcessLaunch.run(process)
         return process
     }
 

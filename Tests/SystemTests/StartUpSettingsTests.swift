@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// What a person sees when starting a service executable with settings: `--help`,
 /// `--print-config`, and one line for a value that cannot work.
@@ -17,7 +18,7 @@ struct StartUpSettingsTests {
         let errors = Pipe()
         process.standardOutput = output
         process.standardError = errors
-        try process.run()
+        try ProcessLaunch.run(process)
         let (out, err) = try await Task.detached {
             (try output.fileHandleForReading.readToEnd() ?? Data(), try errors.fileHandleForReading.readToEnd() ?? Data())
         }.value

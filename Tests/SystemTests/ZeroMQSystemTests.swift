@@ -10,6 +10,7 @@ import ZeroMQMessaging
 
 #if canImport(Glibc)
 import Glibc
+import TestSupport
 #endif
 
 /// The four real executables, started on loopback ports of their own with their data in a
@@ -58,7 +59,7 @@ final class RunningSystem: Sendable {
             process.executableURL = bin.appendingPathComponent(name)
             process.arguments = arguments
             process.environment = environment
-            try process.run()
+            try ProcessLaunch.run(process)
             processes.append(process)
         }
         self.processes = processes
@@ -260,7 +261,7 @@ enum PythonClient {
         process.arguments = ["python3", "-c", "import zmq"]
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
-        guard (try? process.run()) != nil else { return false }
+        guard (try? ProcessLaunch.run(process)) != nil else { return false }
         process.waitUntilExit()
         return process.terminationStatus == 0
     }()
@@ -277,7 +278,7 @@ enum PythonClient {
         let output = Pipe()
         process.standardOutput = output
         process.standardError = output
-        try process.run()
+        try ProcessLaunch.run(process)
         let data = try await Task.detached { try output.fileHandleForReading.readToEnd() ?? Data() }.value
         while process.isRunning { try await Task.sleep(for: .milliseconds(10)) }
         return (process.terminationStatus, String(decoding: data, as: UTF8.self))
