@@ -20,8 +20,8 @@ final class RunningExecutables: Sendable {
     let base: Int
     let directory: URL
     private let environment: [String: String]
-    private let services: [Process]
-    private let gatewayProcess: Mutex<Process?> = Mutex(nil)
+    private let services: [ChildProcess]
+    private let gatewayProcess: Mutex<ChildProcess?> = Mutex(nil)
     /// The test's own bus: its CURVE keys among the services'.
     let bus: ZeroMQBus.Configuration
 
@@ -57,7 +57,7 @@ final class RunningExecutables: Sendable {
             // Stopped with this test process, even when it crashes.
             "ONBOARDING_EXIT_WITH_PARENT": String(ProcessInfo.processInfo.processIdentifier),
         ].merging(extra) { $1 }) { $1 }
-        var services: [Process] = []
+        var services: [ChildProcess] = []
         for (name, arguments) in [
             ("auth-service", ["--auth-dev-mode"]), ("profile-service", []), ("image-upload-service", []),
             ("onboarding-orchestrator", []),
@@ -122,13 +122,8 @@ final class RunningExecutables: Sendable {
         try? FileManager.default.removeItem(at: directory)
     }
 
-    private static func launch(_ name: String, _ arguments: [String], _ environment: [String: String]) throws -> Process {
-        let process = Process()
-        process.executableURL = binDirectory.appendingPathComponent(name)
-        process.arguments = arguments
-        process.environment = environment
-        try ProcessLaunch.run(process)
-        return process
+    private static func launch(_ name: String, _ arguments: [String], _ environment: [String: String]) throws -> ChildProcess {
+        try ChildProcess(binDirectory.appendingPathComponent(name), arguments: arguments, environment: environment)
     }
 
     /// The parts of `GET /v1/health` the readiness wait reads.

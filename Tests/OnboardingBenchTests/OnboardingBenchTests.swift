@@ -66,11 +66,12 @@ import TestSupport
 
     @Test func aFamilyCountsTheChildrenToo() throws {
         // A child that burns some CPU, then waits: its time is in our family's, not in ours alone.
-        let child = Process()
-        child.executableURL = URL(fileURLWithPath: "/bin/sh")
-        child.arguments = ["-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 5"]
-        try ProcessLaunch.run(child)
-        defer { child.terminate() }
+        let child = try ChildProcess(
+            URL(fileURLWithPath: "/bin/sh"), arguments: ["-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 5"])
+        defer {
+            child.terminate()
+            child.waitUntilExit()
+        }
         let pid = getpid()
         var family = ProcStat.Times(userTicks: 0, systemTicks: 0)
         for _ in 0..<100 {

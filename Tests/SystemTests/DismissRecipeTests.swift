@@ -36,7 +36,7 @@ struct DismissRecipeTests {
             try await tap.warmUp(with: system.endpoints.client(bus, name: "warm-up"))
             let serviceToken = try ServiceTokenFile(directory: system.directory.path).readOrCreate()
             let profile = system.processes[1]
-            #expect(profile.executableURL?.lastPathComponent == "profile-service")
+            #expect(profile.name == "profile-service")
             for round in 1...Self.rounds {
                 try await Self.round(
                     round, bus: bus, endpoints: system.endpoints, tap: tap, profilePID: profile.processIdentifier,

@@ -13,25 +13,22 @@ struct ParentWatchTests {
         defer { try? FileManager.default.removeItem(at: directory) }
         let base = 18_000 + Int.random(in: 0..<900) * 2
         _ = try testBusConfiguration(directory: directory, servers: [:])
-        let shell = Process()
-        shell.executableURL = URL(fileURLWithPath: "/bin/sh")
-        // The shell starts auth in the background, naming itself as the parent to outlive,
-        // prints auth's pid, and exits when its input ends.
-        shell.arguments = [
-            "-c", "ONBOARDING_EXIT_WITH_PARENT=$$ \"$0\" --auth-dev-mode & echo $!; read line",
-            RunningSystem.binDirectory.appendingPathComponent("auth-service").path,
-        ]
-        shell.environment = ProcessInfo.processInfo.environment.merging([
-            "ONBOARDING_DATA_DIR": directory.path, "ONBOARDING_AUTH_RPC": "tcp://127.0.0.1:\(base)",
-            "ONBOARDING_AUTH_EVENTS": "tcp://127.0.0.1:\(base + 1)", "ONBOARDING_LOG_LEVEL": "warning",
-        ]) { $1 }
         let input = Pipe()
-        shell.standardInput = input
         let output = Pipe()
         let log = Pipe()
-        shell.standardOutput = output
-        shell.standardError = log
-        try ProcessLaunch.run(shell)
+        // The shell starts auth in the background, naming itself as the parent to outlive,
+        // prints auth's pid, and exits when its input ends.
+        _ = try ChildProcess(
+            URL(fileURLWithPath: "/bin/sh"),
+            arguments: [
+                "-c", "ONBOARDING_EXIT_WITH_PARENT=$$ \"$0\" --auth-dev-mode & echo $!; read line",
+                RunningSystem.binDirectory.appendingPathComponent("auth-service").path,
+            ],
+            environment: ProcessInfo.processInfo.environment.merging([
+                "ONBOARDING_DATA_DIR": directory.path, "ONBOARDING_AUTH_RPC": "tcp://127.0.0.1:\(base)",
+                "ONBOARDING_AUTH_EVENTS": "tcp://127.0.0.1:\(base + 1)", "ONBOARDING_LOG_LEVEL": "warning",
+            ]) { $1 },
+            standardInput: .pipe(input), standardOutput: .pipe(output), standardError: .pipe(log))
         // Auth is started once the shell has printed its pid; then the shell is let go.
         let started = await Task.detached { output.fileHandleForReading.availableData }.value
         #expect(Int32(String(decoding: started, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)) != nil)

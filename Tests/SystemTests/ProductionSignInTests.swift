@@ -19,7 +19,7 @@ struct ProductionSignInTests {
     /// Starts auth-service on loopback ports of its own, its data in `directory`.
     static func startAuth(
         base: String, rpc: Endpoint, events: Endpoint, directory: URL, more: [String: String] = [:]
-    ) throws -> Process {
+    ) throws -> ChildProcess {
         var environment = ProcessInfo.processInfo.environment.merging(more) { $1 }.merging([
             "ONBOARDING_DATA_DIR": directory.path, "ONBOARDING_AUTH_RPC": rpc.rawValue,
             "ONBOARDING_AUTH_EVENTS": events.rawValue, "ONBOARDING_LOG_LEVEL": "warning",
@@ -34,14 +34,10 @@ struct ProductionSignInTests {
             environment["ONBOARDING_\(name)_CLIENT_IDS"] = FakeIdentityProvider.defaultClientID(provider)
             environment["ONBOARDING_\(name)_JWKS_URL"] = FakeIdentityProvider.jwksURL(provider, base: base)
         }
-        let process = Process()
-        process.executableURL = RunningSystem.binDirectory.appendingPathComponent("auth-service")
-        process.environment = environment
-        try ProcessLaunch.run(process)
-        return process
+        return try ChildProcess(RunningSystem.binDirectory.appendingPathComponent("auth-service"), environment: environment)
     }
 
-    static func stop(_ process: Process) async -> Int32 {
+    static func stop(_ process: ChildProcess) async -> Int32 {
         if process.isRunning { process.terminate() }
         let clock = ContinuousClock()
         let deadline = clock.now.advanced(by: .seconds(15))

@@ -10,15 +10,12 @@ struct StartUpSettingsTests {
     static func run(_ program: String, _ arguments: [String], environment: [String: String] = [:]) async throws
         -> (status: Int32, output: String, errors: String)
     {
-        let process = Process()
-        process.executableURL = RunningSystem.binDirectory.appendingPathComponent(program)
-        process.arguments = arguments
-        process.environment = ["PATH": "/usr/bin:/bin"].merging(environment) { $1 }
         let output = Pipe()
         let errors = Pipe()
-        process.standardOutput = output
-        process.standardError = errors
-        try ProcessLaunch.run(process)
+        let process = try ChildProcess(
+            RunningSystem.binDirectory.appendingPathComponent(program), arguments: arguments,
+            environment: ["PATH": "/usr/bin:/bin"].merging(environment) { $1 }, standardOutput: .pipe(output),
+            standardError: .pipe(errors))
         let (out, err) = try await Task.detached {
             (try output.fileHandleForReading.readToEnd() ?? Data(), try errors.fileHandleForReading.readToEnd() ?? Data())
         }.value

@@ -18,7 +18,7 @@ import TestSupport
 final class RunningSystem: Sendable {
     let endpoints: SystemEndpoints
     let directory: URL
-    let processes: [Process]
+    let processes: [ChildProcess]
     /// The test's own bus: its keys among the services'.
     let bus: ZeroMQBus.Configuration
 
@@ -50,17 +50,12 @@ final class RunningSystem: Sendable {
             "ONBOARDING_EXIT_WITH_PARENT": String(ProcessInfo.processInfo.processIdentifier),
         ]) { $1 }
         let bin = Self.binDirectory
-        var processes: [Process] = []
+        var processes: [ChildProcess] = []
         for (name, arguments) in [
             ("auth-service", ["--auth-dev-mode"]), ("profile-service", []), ("image-upload-service", []),
             ("onboarding-orchestrator", []),
         ] {
-            let process = Process()
-            process.executableURL = bin.appendingPathComponent(name)
-            process.arguments = arguments
-            process.environment = environment
-            try ProcessLaunch.run(process)
-            processes.append(process)
+            processes.append(try ChildProcess(bin.appendingPathComponent(name), arguments: arguments, environment: environment))
         }
         self.processes = processes
     }
@@ -95,7 +90,7 @@ final class RunningSystem: Sendable {
                     try await bus.waitUntilAnswering(endpoint, source: "test", timeout: .seconds(30))
                 } catch {
                     let exited = system.processes.filter { !$0.isRunning }
-                        .map { "\($0.executableURL?.lastPathComponent ?? "?") exited with \($0.terminationStatus)" }
+                        .map { "\($0.name) exited with \($0.terminationStatus)" }
                     Issue.record("\(name) never answered at \(endpoint): \(error); \(exited.isEmpty ? "all still running" : exited.joined(separator: ", "))")
                     throw error
                 }
@@ -256,29 +251,24 @@ enum PythonClient {
         .appendingPathComponent("proto/examples/python/onboarding_client.py")
 
     static let isAvailable: Bool = {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", "-c", "import zmq"]
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        guard (try? ProcessLaunch.run(process)) != nil else { return false }
-        process.waitUntilExit()
-        return process.terminationStatus == 0
+        guard
+            let process = try? ChildProcess(
+                URL(fileURLWithPath: "/usr/bin/env"), arguments: ["python3", "-c", "import zmq"], standardOutput: .null,
+                standardError: .null)
+        else { return false }
+        return process.waitUntilExit() == 0
     }()
 
     static func run(endpoints: SystemEndpoints, keysDirectory: String) async throws -> (status: Int32, output: String) {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", script.path]
-        process.environment = ProcessInfo.processInfo.environment.merging([
-            "ONBOARDING_AUTH_RPC": endpoints.authRPC.rawValue, "ONBOARDING_PROFILE_RPC": endpoints.profileRPC.rawValue,
-            "ONBOARDING_ORCHESTRATOR_RPC": endpoints.orchestratorRPC.rawValue, "ONBOARDING_ROUTES": endpoints.routes.rawValue,
-            "ONBOARDING_KEYS_DIR": keysDirectory, "ONBOARDING_KEY_NAME": "client",
-        ]) { $1 }
         let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        try ProcessLaunch.run(process)
+        let process = try ChildProcess(
+            URL(fileURLWithPath: "/usr/bin/env"), arguments: ["python3", script.path],
+            environment: ProcessInfo.processInfo.environment.merging([
+                "ONBOARDING_AUTH_RPC": endpoints.authRPC.rawValue, "ONBOARDING_PROFILE_RPC": endpoints.profileRPC.rawValue,
+                "ONBOARDING_ORCHESTRATOR_RPC": endpoints.orchestratorRPC.rawValue, "ONBOARDING_ROUTES": endpoints.routes.rawValue,
+                "ONBOARDING_KEYS_DIR": keysDirectory, "ONBOARDING_KEY_NAME": "client",
+            ]) { $1 },
+            standardOutput: .pipe(output), standardError: .pipe(output))
         let data = try await Task.detached { try output.fileHandleForReading.readToEnd() ?? Data() }.value
         while process.isRunning { try await Task.sleep(for: .milliseconds(10)) }
         return (process.terminationStatus, String(decoding: data, as: UTF8.self))
