@@ -1,5 +1,6 @@
 import CoreMetrics
 import Foundation
+import FuzzKit
 import GRDB
 import Messaging
 import MetricsTestKit
@@ -82,6 +83,49 @@ struct RequestMetricsTests {
         #expect(answered.values.allSatisfy { $0 >= 0 && $0 < 10_000_000_000 })
         let failed = try metrics.expectTimer("onboarding_request_duration_seconds", [("type", Add.type), ("outcome", "error")])
         #expect(failed.values.count == 2)
+    }
+
+    @Test("in any order and any batching, every reply is counted once, under the outcome it carries")
+    func anyOrder() throws {
+        for index in 0..<200 {
+            var random = FuzzRandom(seed: 20261128, case: index)
+            let metrics = TestMetrics()
+            let database = try DatabaseQueue()
+            try database.write { try $0.execute(sql: "CREATE TABLE item (id INTEGER PRIMARY KEY, name TEXT NOT NULL)") }
+            let dispatcher = withMetricsFactory(metrics) { self.dispatcher(database) }
+            let replies = Replies()
+            var sent = 0
+            // Batches as they come off the bus: of any size, in any order of kinds.
+            for _ in 0..<Int.random(in: 1...4, using: &random) {
+                var batch: [RawRequest] = []
+                for _ in 0..<Int.random(in: 1...12, using: &random) {
+                    sent += 1
+                    switch Int.random(in: 0..<5, using: &random) {
+                    case 0: batch.append(try request(Add(name: "n\(sent)"), replies: replies))
+                    case 1: batch.append(try request(Add(name: "taken"), replies: replies))
+                    case 2: batch.append(try request(Add(name: "broken"), replies: replies))
+                    case 3: batch.append(raw(Data(#"{"type":"#.utf8), replies: replies))
+                    default:
+                        let header = EnvelopeHeader(type: "test.nothing", source: "test")
+                        batch.append(raw(try Envelope(header: header, payload: Acknowledged()).encoded(), replies: replies))
+                    }
+                }
+                dispatcher.handleOnLoop(batch, refusing: nil, rejected: {}) { incoming in
+                    incoming.fail(ServiceError(.unknownType, "no"), source: "test")
+                }
+            }
+            let outcomes = replies.list.withLock { $0.map { $0.failure?.rawValue ?? "ok" } }
+            #expect(outcomes.count == sent, "case \(index)")
+            var counted: [String: Int64] = [:]
+            for counter in metrics.counters(label: "onboarding_requests_total") {
+                let outcome = counter.dimensions.first { $0.0 == "outcome" }?.1 ?? "?"
+                counted[outcome, default: 0] += counter.totalValue
+            }
+            let expected = Dictionary(outcomes.map { ($0, Int64(1)) }, uniquingKeysWith: +)
+            #expect(counted.filter { $0.value > 0 } == expected, "case \(index)")
+            let timed = metrics.timers(label: "onboarding_request_duration_seconds").reduce(0) { $0 + $1.values.count }
+            #expect(timed == sent, "case \(index)")
+        }
     }
 
     @Test("no label carries what a request says: an unknown type is 'unknown', and error codes are bounded")
