@@ -132,10 +132,16 @@ let package = Package(
         // migrations that two replicas may run at once, and the outbox with dense sequence
         // numbers in commit order. Only executables and their tests link it: a user's tests of
         // the in-process system never build postgres-nio.
+        // libpq, for the pipelined transactions of PostgresSupport (PipelineConnection).
+        .systemLibrary(
+            name: "CLibpq",
+            pkgConfig: "libpq",
+            providers: [.apt(["libpq-dev"])]
+        ),
         .target(
             name: "PostgresSupport",
             dependencies: [
-                "Messaging", "OnboardingAPI", "OnboardingSettings", "ServiceRuntime",
+                "CLibpq", "Messaging", "OnboardingAPI", "OnboardingSettings", "ServiceRuntime",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]

@@ -3,6 +3,7 @@ import Foundation
 import Messaging
 import OnboardingAPI
 import PostgresNIO
+import PostgresSupport
 
 /// One sign-in of a batch.
 struct SignInJob: Sendable {
@@ -21,17 +22,17 @@ extension Batch {
     /// Each result is what a sign-in alone, in the jobs' order, would have given, with one
     /// exception: the session count of an account that ends sessions in the batch is counted
     /// after all of its endings.
-    mutating func signIn(_ jobs: [SignInJob]) async throws -> [SignInResult] {
-        try await pruneOthers(sparing: jobs)
+    mutating func signIn(_ jobs: [SignInJob]) throws -> [SignInResult] {
+        try pruneOthers(sparing: jobs)
         let secrets = jobs.map { _ in SessionToken.makeSecret() }
         let digests = secrets.map(SessionToken.digest)
-        var accounts = try await createAndOpen(jobs, digests: digests)
+        var accounts = try createAndOpen(jobs, digests: digests)
         if accounts.contains(where: { $0 == nil }) {
-            try await openLosers(jobs, digests: digests, into: &accounts)
+            try openLosers(jobs, digests: digests, into: &accounts)
         }
         let opened = accounts.map { $0! }
 
-        let live = try await endSessions(ofReturning: Set(opened.filter { !$0.isNew }.map(\.uid)))
+        let live = try endSessions(ofReturning: Set(opened.filter { !$0.isNew }.map(\.uid)))
         var results: [SignInResult] = []
         for (index, job) in jobs.enumerated() {
             let (uid, isNew, id) = (opened[index].uid, opened[index].isNew, opened[index].session)
@@ -57,13 +58,12 @@ extension Batch {
     ///
     /// - Returns: each job's account and session, `nil` for a job whose account another
     ///   transaction created while this one waited (the statement's snapshot cannot see it).
-    private func createAndOpen(_ jobs: [SignInJob], digests: [String]) async throws -> [Opened?] {
+    private func createAndOpen(_ jobs: [SignInJob], digests: [String]) throws -> [Opened?] {
         let statement = CreateAndOpen(
             candidates: jobs.map { _ in Identifier.timeOrdered(now: now) }, providers: jobs.map(\.provider.rawValue),
             subjects: jobs.map(\.subject), digests: digests, now: now)
-        let rows = try await connection.execute(statement, logger: logger)
         var accounts: [Opened?] = []
-        for try await (uid, isNew, id) in rows {
+        for (uid, isNew, id) in try transaction.rows(statement.query).decode((String?, Bool, Int64?).self) {
             accounts.append(uid.flatMap { uid in id.map { (uid, isNew, $0) } })
         }
         guard accounts.count == jobs.count else {
@@ -72,8 +72,8 @@ extension Batch {
         return accounts
     }
 
-    /// ``createAndOpen(_:digests:)``'s statement, prepared: every batch of sign-ins runs it.
-    struct CreateAndOpen: PostgresPreparedStatement {
+    /// ``createAndOpen(_:digests:)``'s statement.
+    struct CreateAndOpen {
         static let sql = """
             WITH input AS (
               SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS x(candidate, provider, subject, digest, n)),
@@ -100,24 +100,20 @@ extension Batch {
         var providers: [String], subjects: [String], digests: [String]
         var now: Date
 
-        func makeBindings() -> PostgresBindings {
-            var bindings = PostgresBindings(capacity: 5)
-            for texts in [candidates, providers, subjects, digests] { bindings.append(texts) }
-            bindings.append(now)
-            return bindings
-        }
-
-        func decodeRow(_ row: PostgresRow) throws -> (String?, Bool, Int64?) {
-            try row.decode((String?, Bool, Int64?).self)
+        var query: PipelineQuery {
+            PipelineQuery(unsafeSQL: Self.sql) { query in
+                for texts in [candidates, providers, subjects, digests] { query.bind(texts) }
+                query.bind(now)
+            }
         }
     }
 
     /// Opens the sessions of the jobs whose accounts another transaction created meanwhile (two
     /// first sign-ins of one account at once, on two replicas): now that it has committed, a new
     /// statement sees those accounts.
-    private func openLosers(_ jobs: [SignInJob], digests: [String], into accounts: inout [Opened?]) async throws {
+    private func openLosers(_ jobs: [SignInJob], digests: [String], into accounts: inout [Opened?]) throws {
         let losers = accounts.indices.filter { accounts[$0] == nil }
-        let rows = try await connection.query(
+        let rows = try transaction.rows(
             """
             INSERT INTO session (token, uid, created_at, last_used_at)
             SELECT x.digest, a.uid, \(now), \(now)
@@ -125,10 +121,9 @@ extension Batch {
               \(losers.map { digests[$0] })::text[]) AS x(provider, subject, digest)
             JOIN account a ON a.provider = x.provider AND a.subject = x.subject
             RETURNING id, token, uid
-            """,
-            logger: logger)
+            """)
         var opened: [String: (Int64, String)] = [:]
-        for try await (id, digest, uid) in rows.decode((Int64, String, String).self) { opened[digest] = (id, uid) }
+        for (id, digest, uid) in try rows.decode((Int64, String, String).self) { opened[digest] = (id, uid) }
         for index in losers {
             guard let (id, uid) = opened[digests[index]] else {
                 throw ServiceError(.storeUnavailable, "The account vanished while signing in; try again.")
@@ -141,16 +136,15 @@ extension Batch {
     /// included): ends the expired ones and those beyond the cap, recording each ending.
     ///
     /// - Returns: the ids of each account's sessions still live.
-    private func endSessions(ofReturning uids: Set<String>) async throws -> [String: [Int64]] {
+    private func endSessions(ofReturning uids: Set<String>) throws -> [String: [Int64]] {
         guard !uids.isEmpty else { return [:] }
-        let rows = try await connection.query(
+        let rows = try transaction.rows(
             """
             SELECT uid, id, token, last_used_at FROM session WHERE uid = ANY(\(Array(uids))::text[])
             ORDER BY uid, last_used_at DESC, id DESC
-            """,
-            logger: logger)
+            """)
         var sessions: [String: [(id: Int64, digest: String, lastUsed: Date)]] = [:]
-        for try await (uid, id, digest, lastUsed) in rows.decode((String, Int64, String, Date).self) {
+        for (uid, id, digest, lastUsed) in try rows.decode((String, Int64, String, Date).self) {
             sessions[uid, default: []].append((id, digest, lastUsed))
         }
         var ended: [(digest: String, uid: String, ending: SessionEnding)] = []
@@ -166,8 +160,8 @@ extension Batch {
             }
         }
         if !endedIDs.isEmpty {
-            try await run("DELETE FROM session WHERE id = ANY(\(endedIDs)::bigint[])")
-            try await recordEndings(ended)
+            try run("DELETE FROM session WHERE id = ANY(\(endedIDs)::bigint[])")
+            try recordEndings(ended)
         }
         return live
     }
@@ -176,28 +170,26 @@ extension Batch {
     /// of accounts that are not signing in now (their own are the policy's), telling each such
     /// account with `SignedOut`, carrying the correlation id of the batch's first sign-in. Rows
     /// another transaction holds are skipped (another replica is pruning them).
-    private mutating func pruneOthers(sparing jobs: [SignInJob]) async throws {
+    private mutating func pruneOthers(sparing jobs: [SignInJob]) throws {
         guard writer.pruning.isDue(at: now) else { return }
         let cutoff = writer.sessions.expiryCutoff(now: now)
-        let rows = try await connection.query(
+        let rows = try transaction.rows(
             """
             SELECT s.id, s.token, s.uid FROM session s JOIN account a ON a.uid = s.uid
             WHERE s.last_used_at <= \(cutoff)
               AND (a.provider, a.subject) NOT IN (
                 SELECT * FROM unnest(\(jobs.map(\.provider.rawValue))::text[], \(jobs.map(\.subject))::text[]))
             LIMIT \(Int64(SessionPruneSchedule.batch)) FOR UPDATE OF s SKIP LOCKED
-            """,
-            logger: logger)
-        var stale: [(id: Int64, digest: String, uid: String)] = []
-        for try await row in rows.decode((Int64, String, String).self) { stale.append(row) }
+            """)
+        let stale: [(id: Int64, digest: String, uid: String)] = try rows.decode((Int64, String, String).self)
         writer.pruning.looked(at: now, found: stale.count)
         guard !stale.isEmpty else { return }
-        try await run("DELETE FROM session WHERE id = ANY(\(stale.map(\.id))::bigint[])")
-        try await recordEndings(stale.map { ($0.digest, $0.uid, .expired) })
+        try run("DELETE FROM session WHERE id = ANY(\(stale.map(\.id))::bigint[])")
+        try recordEndings(stale.map { ($0.digest, $0.uid, .expired) })
         for owner in Set(stale.map(\.uid)).sorted() {
             events.append(
                 .init(
-                    SignedOut(uid: owner, sessions: try await liveSessions(of: owner)), uid: owner,
+                    SignedOut(uid: owner, sessions: try liveSessions(of: owner)), uid: owner,
                     correlationId: jobs[0].correlationId))
         }
     }

@@ -40,10 +40,12 @@ struct Writer: Sendable {
         let now = clock()
         let publisher = self.publisher
         do {
-            let (outcomes, _) = try await store.eventTransaction { connection, last in
-                var batch = Batch(writer: self, connection: connection, now: now)
-                let outcomes = try await batch.apply(jobs)
-                return (outcomes, try await outbox.record(batch.events, after: last, on: connection, logger: logger))
+            // For new accounts, two flights: BEGIN, the head's lock and the accounts and sessions;
+            // then the events and COMMIT.
+            let (outcomes, _) = try await store.pipelinedEventTransaction { transaction in
+                var batch = Batch(writer: self, transaction: transaction, now: now)
+                let outcomes = try batch.apply(jobs)
+                return (outcomes, try outbox.record(batch.events, in: transaction))
             } afterCommit: { _, messages in
                 // Only queued for the bus's I/O thread: never blocks. Batches take turns, so in order.
                 for message in messages { try? publisher.publish(message) }
@@ -63,13 +65,13 @@ struct Refusal: Error {
 /// One transaction's work: its jobs, and the events they record.
 struct Batch {
     let writer: Writer
-    let connection: PostgresConnection
+    let transaction: PipelineTransaction
     let now: Date
     var events: [PostgresOutbox.Recording] = []
 
-    init(writer: Writer, connection: PostgresConnection, now: Date) {
+    init(writer: Writer, transaction: PipelineTransaction, now: Date) {
         self.writer = writer
-        self.connection = connection
+        self.transaction = transaction
         self.now = now
     }
 
@@ -79,7 +81,7 @@ struct Batch {
     /// any order is one they could have had, and the events (``events``) follow the order applied.
     ///
     /// - Returns: each job's outcome.
-    mutating func apply(_ jobs: [Write]) async throws -> [Result<Written, any Error>] {
+    mutating func apply(_ jobs: [Write]) throws -> [Result<Written, any Error>] {
         var outcomes = [Result<Written, any Error>](repeating: .success(.nothing), count: jobs.count)
         var signIns: [(index: Int, job: SignInJob)] = []
         for (index, job) in jobs.enumerated() {
@@ -88,18 +90,18 @@ struct Batch {
                 case .signIn(let provider, let subject, let correlationId):
                     signIns.append((index, SignInJob(provider: provider, subject: subject, correlationId: correlationId)))
                 case .signOut(let token, let everywhere, let correlationId):
-                    outcomes[index] = .success(.uid(try await signOut(token, everywhere: everywhere, correlationId)))
+                    outcomes[index] = .success(.uid(try signOut(token, everywhere: everywhere, correlationId)))
                 case .withdraw(let token, let correlationId):
-                    outcomes[index] = .success(.uid(try await withdraw(token, correlationId)))
+                    outcomes[index] = .success(.uid(try withdraw(token, correlationId)))
                 case .expire(let id, let digest, let uid):
-                    try await expire(id: id, digest: digest, uid: uid)
+                    try expire(id: id, digest: digest, uid: uid)
                 }
             } catch let refusal as Refusal {
                 outcomes[index] = .failure(refusal.error)
             }
         }
         if !signIns.isEmpty {
-            let results = try await signIn(signIns.map(\.job))
+            let results = try signIn(signIns.map(\.job))
             for (index, result) in zip(signIns.map(\.index), results) { outcomes[index] = .success(.signedIn(result)) }
         }
         return outcomes
@@ -107,29 +109,29 @@ struct Batch {
 
     // MARK: Endings
 
-    mutating func signOut(_ token: String, everywhere: Bool, _ correlationId: String) async throws -> String {
+    mutating func signOut(_ token: String, everywhere: Bool, _ correlationId: String) throws -> String {
         let (id, digest) = AuthPostgresStore.row(of: SessionKey(token: token))
         // Deleting decides: of two requests that end one session (here or on another replica),
         // one deletes the row and records the ending; the other finds the ending.
-        if let uid = try await uid(of: "DELETE FROM session WHERE id = \(id) AND token = \(digest) RETURNING uid") {
-            if everywhere { try await run("DELETE FROM session WHERE uid = \(uid)") }
-            try await recordEndings([(digest, uid, .signOut)])
-            events.append(.init(SignedOut(uid: uid, sessions: try await liveSessions(of: uid)), uid: uid, correlationId: correlationId))
+        if let uid = try uid(of: "DELETE FROM session WHERE id = \(id) AND token = \(digest) RETURNING uid") {
+            if everywhere { try run("DELETE FROM session WHERE uid = \(uid)") }
+            try recordEndings([(digest, uid, .signOut)])
+            events.append(.init(SignedOut(uid: uid, sessions: try liveSessions(of: uid)), uid: uid, correlationId: correlationId))
             return uid
         }
-        if let ended = try await ending(of: digest) { return ended.uid }
+        if let ended = try ending(of: digest) { return ended.uid }
         throw Refusal(error: SessionRefusal.unknown)
     }
 
-    mutating func withdraw(_ token: String, _ correlationId: String) async throws -> String {
+    mutating func withdraw(_ token: String, _ correlationId: String) throws -> String {
         let (id, digest) = AuthPostgresStore.row(of: SessionKey(token: token))
         let cutoff = writer.sessions.expiryCutoff(now: now)
         // An expired session (last used at the cutoff or before) cannot withdraw, even before it
         // is pruned.
-        if let uid = try await uid(
+        if let uid = try uid(
             of: "DELETE FROM session WHERE id = \(id) AND token = \(digest) AND last_used_at > \(cutoff) RETURNING uid")
         {
-            try await run(
+            try run(
                 """
                 INSERT INTO unlink_job (uid, provider, subject, token, attempts, created_at, next_attempt_at)
                 SELECT a.uid, a.provider, a.subject, g.token, 0, \(now), \(now)
@@ -139,32 +141,32 @@ struct Batch {
                   token = excluded.token, attempts = 0, created_at = excluded.created_at,
                   next_attempt_at = excluded.next_attempt_at, last_error = NULL, last_attempt_at = NULL, claim = NULL
                 """)
-            try await run("DELETE FROM account WHERE uid = \(uid)")
-            try await recordEndings([(digest, uid, .withdrawal)])
+            try run("DELETE FROM account WHERE uid = \(uid)")
+            try recordEndings([(digest, uid, .withdrawal)])
             events.append(.init(Withdrawn(uid: uid), uid: uid, correlationId: correlationId))
             return uid
         }
-        if let ended = try await ending(of: digest), ended.ending.answersWithdrawal { return ended.uid }
+        if let ended = try ending(of: digest), ended.ending.answersWithdrawal { return ended.uid }
         throw Refusal(error: SessionRefusal.unknown)
     }
 
-    mutating func expire(id: Int64, digest: String, uid: String) async throws {
+    mutating func expire(id: Int64, digest: String, uid: String) throws {
         // Another request may have ended it first: then nothing is left to do.
-        guard try await self.uid(of: "DELETE FROM session WHERE id = \(id) AND token = \(digest) RETURNING uid") != nil
+        guard try self.uid(of: "DELETE FROM session WHERE id = \(id) AND token = \(digest) RETURNING uid") != nil
         else { return }
-        try await recordEndings([(digest, uid, .expired)])
+        try recordEndings([(digest, uid, .expired)])
         events.append(
             .init(
-                SignedOut(uid: uid, sessions: try await liveSessions(of: uid)), uid: uid,
+                SignedOut(uid: uid, sessions: try liveSessions(of: uid)), uid: uid,
                 correlationId: UUID().uuidString.lowercased()))
     }
 
     /// Records how sessions ended, and forgets the endings older than ``SessionEnding/retention``.
-    func recordEndings(_ endings: [(digest: String, uid: String, ending: SessionEnding)]) async throws {
+    func recordEndings(_ endings: [(digest: String, uid: String, ending: SessionEnding)]) throws {
         guard !endings.isEmpty else { return }
         let forgotten = now.addingTimeInterval(-SessionEnding.retention)
-        try await run("DELETE FROM ended_session WHERE ended_at < \(forgotten)")
-        try await run(
+        try run("DELETE FROM ended_session WHERE ended_at < \(forgotten)")
+        try run(
             """
             INSERT INTO ended_session (token, uid, ending, ended_at)
             SELECT t, u, e, \(now) FROM unnest(\(endings.map(\.digest))::text[], \(endings.map(\.uid))::text[],
@@ -174,32 +176,30 @@ struct Batch {
     }
 
     /// How the session whose secret has `digest` ended, if it did within the retention window.
-    func ending(of digest: String) async throws -> (uid: String, ending: SessionEnding)? {
+    func ending(of digest: String) throws -> (uid: String, ending: SessionEnding)? {
         let since = now.addingTimeInterval(-SessionEnding.retention)
-        let rows = try await connection.query(
-            "SELECT uid, ending FROM ended_session WHERE token = \(digest) AND ended_at >= \(since)", logger: logger)
-        for try await (uid, ending) in rows.decode((String, String).self) {
+        let rows = try transaction.rows(
+            "SELECT uid, ending FROM ended_session WHERE token = \(digest) AND ended_at >= \(since)")
+        for (uid, ending) in try rows.decode((String, String).self) {
             if let ending = SessionEnding(rawValue: ending) { return (uid, ending) }
         }
         return nil
     }
 
-    func liveSessions(of uid: String) async throws -> Int {
-        let rows = try await connection.query("SELECT count(*) FROM session WHERE uid = \(uid)", logger: logger)
-        var count: Int64 = 0
-        for try await value in rows.decode(Int64.self) { count = value }
-        return Int(count)
+    func liveSessions(of uid: String) throws -> Int {
+        let rows = try transaction.rows("SELECT count(*) FROM session WHERE uid = \(uid)")
+        return Int(try rows.first?.decode(Int64.self) ?? Int64(0))
     }
 
     // MARK: Statements
 
-    func run(_ query: PostgresQuery) async throws {
-        try await connection.query(query, logger: logger)
+    /// Queues `query` (sent with the next read, or with COMMIT).
+    func run(_ query: PipelineQuery) throws {
+        try transaction.send(query)
     }
 
     /// The uid the statement returns, if it returns a row.
-    func uid(of query: PostgresQuery) async throws -> String? {
-        for try await uid in try await connection.query(query, logger: logger).decode(String.self) { return uid }
-        return nil
+    func uid(of query: PipelineQuery) throws -> String? {
+        try transaction.rows(query).first?.decode(String.self)
     }
 }

@@ -10,11 +10,12 @@ import ServiceRuntime
 /// The orchestrator's people, cursors, set-ups and route outbox in PostgreSQL: what its SQLite
 /// store is, for replicas of which one leads (see ``Leadership``).
 ///
-/// A batch of decisions is one ``PostgresStore/eventTransaction(_:afterCommit:)``: the outbox
-/// head's lock, one statement that checks this replica still leads and reads the rows of the
-/// people the machine is not tracking, the decisions (into a ``DecisionBuffer``), then one
-/// statement per kind of write (intents recorded, rows, cursors, the route outbox), whatever the
-/// batch's size. Route intents are published after the commit, in sequence order.
+/// A batch of decisions is one ``PostgresStore/pipelinedEventTransaction(_:afterCommit:)``: the
+/// outbox head's lock, one statement that checks this replica still leads and reads the rows of
+/// the people the machine is not tracking (sent together: one round trip), the decisions (into a
+/// ``DecisionBuffer``), then one statement per kind of write (intents recorded, rows, cursors, the
+/// route outbox), sent with `COMMIT` (the second round trip), whatever the batch's size. Route
+/// intents are published after the commit, in sequence order.
 ///
 /// Thread safety: immutable; any task may call any method.
 final class OrchestratorPostgresStore: BufferedDecisionStore {
@@ -83,20 +84,21 @@ final class OrchestratorPostgresStore: BufferedDecisionStore {
     func commit<Result: Sendable>(
         reading uids: [String], restarting: Bool, _ decide: @escaping @Sendable (inout DecisionBuffer) throws -> Result
     ) async throws -> Result {
-        let (epoch, publisher, outbox, logger) = (self.epoch, self.publisher, self.outbox, self.logger)
-        return try await store.eventTransaction { connection, last in
-            let stored = try await Self.people(uids, ifLeading: epoch, on: connection, logger: logger)
-            let withWork = restarting ? try await Self.peopleWithWork(on: connection, logger: logger) : nil
-            var buffer = DecisionBuffer(stored: stored, withWork: withWork, lastSequence: UInt64(clamping: last))
+        let (epoch, publisher, outbox) = (self.epoch, self.publisher, self.outbox)
+        // Two flights: BEGIN, the head's lock and the read of the people; then the writes and COMMIT.
+        return try await store.pipelinedEventTransaction { transaction in
+            let stored = try Self.people(uids, ifLeading: epoch, in: transaction)
+            let withWork = restarting ? try Self.peopleWithWork(in: transaction) : nil
+            var buffer = DecisionBuffer(
+                stored: stored, withWork: withWork, lastSequence: UInt64(clamping: try transaction.lastSequence()))
             let result = try decide(&buffer)
-            try await Self.write(buffer, on: connection, logger: logger)
+            try Self.write(buffer, in: transaction)
             let recordings = buffer.emitted.map { published in
                 PostgresOutbox.Recording(
                     published.intent, uid: published.intent.uid, topic: Topics.route(uid: published.intent.uid),
                     time: published.time, trace: (published.traceparent, published.tracestate))
             }
-            let messages = try await outbox.record(recordings, after: last, on: connection, logger: logger)
-            return (result, messages)
+            return (result, try outbox.record(recordings, in: transaction))
         } afterCommit: { _, messages in
             // Only queued for the bus's I/O thread: never blocks. Batches take turns, so in order.
             for message in messages { try? publisher.publish(message) }
@@ -106,12 +108,18 @@ final class OrchestratorPostgresStore: BufferedDecisionStore {
     /// The stored rows of `uids`, after checking (in the same statement) that the term `epoch`
     /// is still the current one.
     private static func people(
-        _ uids: [String], ifLeading epoch: Int64, on connection: PostgresConnection, logger: Logger
-    ) async throws -> [String: OnboardingStateMachine.PersistedPerson] {
+        _ uids: [String], ifLeading epoch: Int64, in transaction: PipelineTransaction
+    ) throws -> [String: OnboardingStateMachine.PersistedPerson] {
+        let rows = try transaction.rows(
+            """
+            SELECT l.epoch, \(unescaped: personColumns("p"))
+            FROM leader l LEFT JOIN person p ON p.uid = ANY(\(uids)::text[])
+            WHERE l.id = 1
+            """)
         var current: Int64?
         var people: [String: OnboardingStateMachine.PersistedPerson] = [:]
-        for try await (term, uid, profile, asOf, sessions, owes, pending, withdrawn, cleanup, intentId, intent, reason)
-            in try await connection.execute(ReadPeople(uids: uids), logger: logger)
+        for (term, uid, profile, asOf, sessions, owes, pending, withdrawn, cleanup, intentId, intent, reason) in try rows.decode(
+            (Int64, String?, String?, Int64?, Int64?, Bool?, String?, Bool?, String?, String?, String?, String?).self)
         {
             current = term
             guard let uid, let profile, let asOf, let sessions, let owes, let withdrawn, let cleanup else { continue }
@@ -127,147 +135,97 @@ final class OrchestratorPostgresStore: BufferedDecisionStore {
         return people
     }
 
-    /// ``people(_:ifLeading:on:logger:)``'s statement, prepared: every batch of decisions runs it.
-    struct ReadPeople: PostgresPreparedStatement {
-        static let sql = """
-            SELECT l.epoch, \(personColumns("p"))
-            FROM leader l LEFT JOIN person p ON p.uid = ANY($1::text[])
-            WHERE l.id = 1
-            """
-        var uids: [String]
-
-        func makeBindings() -> PostgresBindings {
-            var bindings = PostgresBindings(capacity: 1)
-            bindings.append(uids)
-            return bindings
-        }
-
-        func decodeRow(_ row: PostgresRow) throws
-            -> (Int64, String?, String?, Int64?, Int64?, Bool?, String?, Bool?, String?, String?, String?, String?)
-        {
-            try row.decode((Int64, String?, String?, Int64?, Int64?, Bool?, String?, Bool?, String?, String?, String?, String?).self)
-        }
-    }
-
     private static func personColumns(_ table: String) -> String {
         ["uid", "profile", "profile_as_of", "sessions", "owes_dismiss", "pending_check", "withdrawn", "cleanup", "intent_id", "intent", "reason"]
             .map { "\(table).\($0)" }.joined(separator: ", ")
     }
 
+    /// The people with work left (a check or a clean-up), read in `transaction`.
+    private static func peopleWithWork(in transaction: PipelineTransaction) throws
+        -> [(String, OnboardingStateMachine.PersistedPerson)]
+    {
+        try transaction.rows(PipelineQuery(unsafeSQL: peopleWithWorkSQL)).decode(PersonColumns.self).map(person)
+    }
+
+    /// The people with work left, read on `connection`.
     private static func peopleWithWork(on connection: PostgresConnection, logger: Logger) async throws
         -> [(String, OnboardingStateMachine.PersistedPerson)]
     {
-        let rows = try await connection.query(
-            """
-            SELECT \(unescaped: personColumns("p")) FROM person p WHERE p.pending_check IS NOT NULL OR p.cleanup <> ''
-            """,
-            logger: logger)
         var people: [(String, OnboardingStateMachine.PersistedPerson)] = []
-        for try await (uid, profile, asOf, sessions, owes, pending, withdrawn, cleanup, intentId, intent, reason) in rows.decode(
-            (String, String, Int64, Int64, Bool, String?, Bool, String, String?, String?, String?).self)
-        {
-            let row = PersonRow(
-                uid: uid, profile: profile, profileAsOf: asOf, sessions: Int(sessions), owesDismiss: owes, pendingCheck: pending,
-                withdrawn: withdrawn, cleanup: cleanup, intentId: intentId, intent: intent, reason: reason)
-            people.append((uid, row.persisted))
-        }
+        let rows = try await connection.query(PostgresQuery(unsafeSQL: peopleWithWorkSQL), logger: logger)
+        for try await columns in rows.decode(PersonColumns.self) { people.append(person(columns)) }
         return people
     }
 
-    /// Writes what `buffer` holds: the intents recorded, then the rows (which may overwrite
+    private static let peopleWithWorkSQL =
+        "SELECT \(personColumns("p")) FROM person p WHERE p.pending_check IS NOT NULL OR p.cleanup <> ''"
+
+    /// A row of `person`, as ``personColumns(_:)`` lists them.
+    private typealias PersonColumns = (String, String, Int64, Int64, Bool, String?, Bool, String, String?, String?, String?)
+
+    private static func person(_ columns: PersonColumns) -> (String, OnboardingStateMachine.PersistedPerson) {
+        let (uid, profile, asOf, sessions, owes, pending, withdrawn, cleanup, intentId, intent, reason) = columns
+        let row = PersonRow(
+            uid: uid, profile: profile, profileAsOf: asOf, sessions: Int(sessions), owesDismiss: owes, pendingCheck: pending,
+            withdrawn: withdrawn, cleanup: cleanup, intentId: intentId, intent: intent, reason: reason)
+        return (uid, row.persisted)
+    }
+
+    /// Queues what `buffer` holds: the intents recorded, then the rows (which may overwrite
     /// them), then the cursors; one statement each. Optional text travels as "" and optional
     /// numbers as -1 (arrays of optionals are not sent), turned back into NULL here.
-    private static func write(_ buffer: DecisionBuffer, on connection: PostgresConnection, logger: Logger) async throws {
+    private static func write(_ buffer: DecisionBuffer, in transaction: PipelineTransaction) throws {
         if !buffer.recorded.isEmpty {
             let intents = buffer.recorded
-            try await connection.query(
+            try transaction.send(
                 """
                 INSERT INTO person (uid, profile, intent_id, intent, reason, intent_sequence, intent_time)
                 SELECT u, 'unknown', i, k, r, s, t
-                FROM unnest(\(intents.map(\.intent.uid)), \(intents.map(\.intent.intentId)), \(intents.map(\.intent.intent.rawValue)),
-                            \(intents.map(\.intent.reason.rawValue)), \(intents.map { Int64(clamping: $0.sequence) }), \(intents.map(\.time)))
+                FROM unnest(\(intents.map(\.intent.uid))::text[], \(intents.map(\.intent.intentId))::text[],
+                            \(intents.map(\.intent.intent.rawValue))::text[], \(intents.map(\.intent.reason.rawValue))::text[],
+                            \(intents.map { Int64(clamping: $0.sequence) })::bigint[], \(intents.map(\.time))::text[])
                   AS x(u, i, k, r, s, t)
                 ON CONFLICT (uid) DO UPDATE SET
                   intent_id = excluded.intent_id, intent = excluded.intent, reason = excluded.reason,
                   intent_sequence = excluded.intent_sequence, intent_time = excluded.intent_time
-                """,
-                logger: logger)
+                """)
         }
         if !buffer.saved.isEmpty {
             // An intent emitted in this transaction goes in with its route sequence and time; one
             // in force from before keeps what was recorded with it; none clears them.
-            let statement = SavePeople(rows: buffer.saved.map(\.row), published: buffer.saved.map(\.published))
-            _ = try await connection.execute(statement, logger: logger)
+            let rows = buffer.saved.map(\.row), published = buffer.saved.map(\.published)
+            try transaction.send(
+                """
+                INSERT INTO person (uid, profile, profile_as_of, sessions, owes_dismiss, pending_check, withdrawn, cleanup,
+                                    intent_id, intent, reason, intent_sequence, intent_time)
+                SELECT u, p, a, n, o, NULLIF(c, ''), w, l, NULLIF(i, ''), NULLIF(k, ''), NULLIF(r, ''), NULLIF(s, -1), NULLIF(t, '')
+                FROM unnest(\(rows.map(\.uid))::text[], \(rows.map(\.profile))::text[], \(rows.map(\.profileAsOf))::bigint[],
+                            \(rows.map { Int64($0.sessions) })::bigint[], \(rows.map(\.owesDismiss))::boolean[],
+                            \(rows.map { $0.pendingCheck ?? "" })::text[], \(rows.map(\.withdrawn))::boolean[],
+                            \(rows.map(\.cleanup))::text[], \(rows.map { $0.intentId ?? "" })::text[],
+                            \(rows.map { $0.intent ?? "" })::text[], \(rows.map { $0.reason ?? "" })::text[],
+                            \(published.map { $0.map { Int64(clamping: $0.sequence) } ?? -1 })::bigint[],
+                            \(published.map { $0?.time ?? "" })::text[])
+                  AS x(u, p, a, n, o, c, w, l, i, k, r, s, t)
+                ON CONFLICT (uid) DO UPDATE SET
+                  profile = excluded.profile, profile_as_of = excluded.profile_as_of, sessions = excluded.sessions,
+                  owes_dismiss = excluded.owes_dismiss, pending_check = excluded.pending_check, withdrawn = excluded.withdrawn,
+                  cleanup = excluded.cleanup, intent_id = excluded.intent_id, intent = excluded.intent, reason = excluded.reason,
+                  intent_sequence = CASE WHEN excluded.intent_id IS NULL THEN NULL
+                                         ELSE coalesce(excluded.intent_sequence, person.intent_sequence) END,
+                  intent_time = CASE WHEN excluded.intent_id IS NULL THEN NULL
+                                     ELSE coalesce(excluded.intent_time, person.intent_time) END
+                """)
         }
         if !buffer.cursors.isEmpty {
             let cursors = buffer.cursors.sorted { $0.key < $1.key }
-            _ = try await connection.execute(
-                SaveCursors(publishers: cursors.map(\.key), sequences: cursors.map { Int64(clamping: $0.value) }), logger: logger)
+            try transaction.send(
+                """
+                INSERT INTO cursor (publisher, sequence)
+                SELECT * FROM unnest(\(cursors.map(\.key))::text[], \(cursors.map { Int64(clamping: $0.value) })::bigint[])
+                ON CONFLICT (publisher) DO UPDATE SET sequence = excluded.sequence
+                """)
         }
-    }
-
-    /// The rows of a batch's people (``write(_:on:logger:)``), prepared: every batch of
-    /// decisions runs it.
-    struct SavePeople: PostgresPreparedStatement {
-        static let sql = """
-            INSERT INTO person (uid, profile, profile_as_of, sessions, owes_dismiss, pending_check, withdrawn, cleanup,
-                                intent_id, intent, reason, intent_sequence, intent_time)
-            SELECT u, p, a, n, o, NULLIF(c, ''), w, l, NULLIF(i, ''), NULLIF(k, ''), NULLIF(r, ''), NULLIF(s, -1), NULLIF(t, '')
-            FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::boolean[], $6::text[], $7::boolean[], $8::text[],
-                        $9::text[], $10::text[], $11::text[], $12::bigint[], $13::text[])
-              AS x(u, p, a, n, o, c, w, l, i, k, r, s, t)
-            ON CONFLICT (uid) DO UPDATE SET
-              profile = excluded.profile, profile_as_of = excluded.profile_as_of, sessions = excluded.sessions,
-              owes_dismiss = excluded.owes_dismiss, pending_check = excluded.pending_check, withdrawn = excluded.withdrawn,
-              cleanup = excluded.cleanup, intent_id = excluded.intent_id, intent = excluded.intent, reason = excluded.reason,
-              intent_sequence = CASE WHEN excluded.intent_id IS NULL THEN NULL
-                                     ELSE coalesce(excluded.intent_sequence, person.intent_sequence) END,
-              intent_time = CASE WHEN excluded.intent_id IS NULL THEN NULL
-                                 ELSE coalesce(excluded.intent_time, person.intent_time) END
-            """
-        var rows: [PersonRow]
-        /// Per row: the intent emitted for it in this transaction, if any.
-        var published: [OrchestratorStore.PublishedIntent?]
-
-        func makeBindings() -> PostgresBindings {
-            var bindings = PostgresBindings(capacity: 13)
-            bindings.append(rows.map(\.uid))
-            bindings.append(rows.map(\.profile))
-            bindings.append(rows.map(\.profileAsOf))
-            bindings.append(rows.map { Int64($0.sessions) })
-            bindings.append(rows.map(\.owesDismiss))
-            bindings.append(rows.map { $0.pendingCheck ?? "" })
-            bindings.append(rows.map(\.withdrawn))
-            bindings.append(rows.map(\.cleanup))
-            bindings.append(rows.map { $0.intentId ?? "" })
-            bindings.append(rows.map { $0.intent ?? "" })
-            bindings.append(rows.map { $0.reason ?? "" })
-            bindings.append(published.map { $0.map { Int64(clamping: $0.sequence) } ?? -1 })
-            bindings.append(published.map { $0?.time ?? "" })
-            return bindings
-        }
-
-        func decodeRow(_ row: PostgresRow) throws {}
-    }
-
-    /// The feeds' cursors (``write(_:on:logger:)``), prepared: most batches of decisions run it.
-    struct SaveCursors: PostgresPreparedStatement {
-        static let sql = """
-            INSERT INTO cursor (publisher, sequence)
-            SELECT * FROM unnest($1::text[], $2::bigint[])
-            ON CONFLICT (publisher) DO UPDATE SET sequence = excluded.sequence
-            """
-        var publishers: [String]
-        var sequences: [Int64]
-
-        func makeBindings() -> PostgresBindings {
-            var bindings = PostgresBindings(capacity: 2)
-            bindings.append(publishers)
-            bindings.append(sequences)
-            return bindings
-        }
-
-        func decodeRow(_ row: PostgresRow) throws {}
     }
 
     // MARK: Reading

@@ -111,6 +111,27 @@ public struct PostgresOutbox: Sendable {
         _ events: [Recording], after last: Int64, on connection: PostgresConnection, logger: Logger
     ) async throws -> [OutgoingMessage] {
         guard !events.isEmpty else { return [] }
+        let (rows, messages) = try numbered(events, after: last)
+        _ = try await connection.execute(rows, logger: logger)
+        return messages
+    }
+
+    /// ``record(_:after:on:logger:)`` in a pipelined transaction, numbered on from its
+    /// ``PipelineTransaction/lastSequence()``: queued with the transaction's next flight.
+    public func record(_ events: [Recording], in transaction: PipelineTransaction) throws -> [OutgoingMessage] {
+        guard !events.isEmpty else { return [] }
+        let (rows, messages) = try numbered(events, after: try transaction.lastSequence())
+        try transaction.send(
+            PipelineQuery(unsafeSQL: Record.sql) { query in
+                query.bind(rows.newest)
+                query.bind(rows.sequences)
+                for texts in [rows.types, rows.topics, rows.uids, rows.envelopes, rows.times] { query.bind(texts) }
+            })
+        return messages
+    }
+
+    /// `events` numbered from `last + 1` on: the rows to insert, and the messages to publish.
+    private func numbered(_ events: [Recording], after last: Int64) throws -> (Record, [OutgoingMessage]) {
         var sequences: [Int64] = [], types: [String] = [], topics: [String] = [], uids: [String] = []
         var envelopes: [String] = [], times: [String] = []
         var messages: [OutgoingMessage] = []
@@ -132,8 +153,7 @@ public struct PostgresOutbox: Sendable {
         let rows = Record(
             newest: last + Int64(events.count), sequences: sequences, types: types, topics: topics, uids: uids,
             envelopes: envelopes, times: times)
-        _ = try await connection.execute(rows, logger: logger)
-        return messages
+        return (rows, messages)
     }
 
     /// Inserts events and moves the head past them (prepared: every event-writing transaction runs it).

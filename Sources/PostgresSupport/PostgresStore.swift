@@ -26,6 +26,8 @@ public final class PostgresStore: Sendable {
     /// Where every connection of the pool does its I/O and where transactions run: on one
     /// thread, so a statement's round trip wakes no other thread.
     let executor: EventLoopTaskExecutor
+    /// The connection of ``pipelinedEventTransaction(_:afterCommit:)``.
+    let pipeline: PipelineConnection
 
     public init(
         location: PostgresLocation, applicationName: String, timeout: Duration = .seconds(5), maxConnections: Int = 20,
@@ -44,6 +46,7 @@ public final class PostgresStore: Sendable {
         self.location = location
         self.executor = EventLoopTaskExecutor(MultiThreadedEventLoopGroup.singleton.next())
         self.client = PostgresClient(configuration: configuration, eventLoopGroup: executor.loop, backgroundLogger: logger)
+        self.pipeline = PipelineConnection(location: location, applicationName: applicationName, logger: logger)
         self.timeout = timeout
         self.logger = logger
     }
@@ -66,6 +69,7 @@ public final class PostgresStore: Sendable {
             pool.cancel()
         }
         closed.store(true, ordering: .releasing)
+        pipeline.close()
     }
 
     /// Whether ``run()`` has returned: the pool is shut and nothing will be answered again.
@@ -167,6 +171,31 @@ public final class PostgresStore: Sendable {
         }
     }
 
+    /// ``eventTransaction(_:afterCommit:)`` with its statements pipelined, for the transactions
+    /// a service runs most: `BEGIN`, the head's lock and the statements up to the first read go to
+    /// the server together, and the rest with `COMMIT` (see ``PipelineConnection``). `body` runs
+    /// synchronously on the pipeline's own thread, and so does `afterCommit`.
+    ///
+    /// - Throws: as ``eventTransaction(_:afterCommit:)``.
+    public func pipelinedEventTransaction<T: Sendable>(
+        _ body: @escaping @Sendable (PipelineTransaction) throws -> T, afterCommit: @escaping @Sendable (T) -> Void
+    ) async throws -> T {
+        let race = FirstResult<T>()
+        pipeline.run(deadline: .now + timeout, body, afterCommit: afterCommit) { race.finish($0) }
+        let limit = timeout
+        let timer = executor.loop.scheduleTask(in: TimeAmount(limit)) { race.finish(.failure(Self.timedOut(limit))) }
+        defer { timer.cancel() }
+        do {
+            return try await withTaskCancellationHandler {
+                try await race.value()
+            } onCancel: {
+                race.finish(.failure(CancellationError()))
+            }
+        } catch {
+            throw storeFailure(error)
+        }
+    }
+
     /// Runs `body` on a connection outside a transaction (each statement sees its own snapshot),
     /// with the failures of ``transaction(_:)``.
     public func read<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
@@ -206,13 +235,26 @@ public final class PostgresStore: Sendable {
         do {
             return try await withinTimeout(timeout, work)
         } catch {
-            // postgres-nio wraps what a transaction's body threw in PostgresTransactionError.
-            let cause = (error as? PostgresTransactionError)?.closureError ?? error
-            if let error = cause as? ServiceError { throw error }
-            if cause is CancellationError { throw CancellationError() }
-            logger.error("store failure: \(String(reflecting: error))")
-            throw ServiceError(.storeUnavailable, "The store failed. Nothing was changed; try again.")
+            throw storeFailure(error)
         }
+    }
+
+    /// What the caller gets for `error`: a ``ServiceError`` or a cancellation as it is, even from
+    /// inside a transaction; `storeUnavailable` for a database failure (logged with its cause).
+    private func storeFailure(_ error: any Error) -> any Error {
+        // postgres-nio wraps what a transaction's body threw in PostgresTransactionError.
+        let cause = (error as? PostgresTransactionError)?.closureError ?? error
+        if let error = cause as? ServiceError { return error }
+        if cause is CancellationError { return CancellationError() }
+        logger.error("store failure: \(String(reflecting: error))")
+        return ServiceError(.storeUnavailable, "The store failed. Nothing was changed; try again.")
+    }
+
+    private static func timedOut(_ limit: Duration) -> ServiceError {
+        ServiceError(
+            .timeout,
+            "The store did not answer within \(limit): the change may or may not have been made. Try again "
+                + "(a request with an idempotency key is safe to repeat).")
     }
 
     /// `work`'s result or error, or `timeout` once `limit` has passed without one: the caller
@@ -234,10 +276,7 @@ public final class PostgresStore: Sendable {
         }
         // A timer of the loop's own: it needs no task and no thread of its own.
         let timer = executor.loop.scheduleTask(in: TimeAmount(limit)) {
-            race.finish(.failure(ServiceError(
-                .timeout,
-                "The store did not answer within \(limit): the change may or may not have been made. Try again "
-                    + "(a request with an idempotency key is safe to repeat).")))
+            race.finish(.failure(Self.timedOut(limit)))
             worker.cancel()
         }
         defer { timer.cancel() }
