@@ -144,6 +144,7 @@ let package = Package(
                 "CLibpq", "Messaging", "OnboardingAPI", "OnboardingSettings", "ServiceRuntime",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
             ]
         ),
         // auth's store on PostgreSQL (the executable links it; AuthService never sees postgres-nio).

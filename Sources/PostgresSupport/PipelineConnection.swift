@@ -24,9 +24,12 @@ import PostgresNIO
 final class PipelineConnection: Sendable {
     private let jobs = PipelineJobs()
 
-    init(location: PostgresLocation, applicationName: String, logger: Logger) {
+    /// - Parameter timeout: how long a transaction may take; the server ends one that runs longer
+    ///   (`statement_timeout`), so that a transaction its caller has given up on does not hold the
+    ///   outbox's lock, or anything else, past it.
+    init(location: PostgresLocation, applicationName: String, timeout: Duration, logger: Logger) {
         let jobs = self.jobs
-        let link = Link(location: location, applicationName: applicationName, logger: logger)
+        let link = Link(location: location, applicationName: applicationName, timeout: timeout, logger: logger)
         let thread = Thread {
             while let batch = jobs.waitAndTake() {
                 for job in batch { job(link) }
@@ -106,6 +109,7 @@ public final class PipelineTransaction {
 private final class Link: @unchecked Sendable {
     let location: PostgresLocation
     let applicationName: String
+    let timeout: Duration
     let logger: Logger
     private var connection: OpaquePointer?
     /// Statements prepared on ``connection``, by SQL and parameter types: their names.
@@ -133,9 +137,10 @@ private final class Link: @unchecked Sendable {
     /// Prepared statements kept per connection, at most: the stores' statements are a few dozen.
     private static let preparedLimit = 256
 
-    init(location: PostgresLocation, applicationName: String, logger: Logger) {
+    init(location: PostgresLocation, applicationName: String, timeout: Duration, logger: Logger) {
         self.location = location
         self.applicationName = applicationName
+        self.timeout = timeout
         self.logger = logger
     }
 
@@ -367,8 +372,13 @@ private final class Link: @unchecked Sendable {
             ("user", location.username), ("dbname", location.database), ("sslmode", location.tls.rawValue),
             ("application_name", applicationName), ("connect_timeout", String(seconds)),
             // As postgres-nio's connections (PostgresLocation.clientConfiguration): the schema,
-            // and a plan per run for statements over arrays of any length.
-            ("options", "-c search_path=\(location.schema) -c plan_cache_mode=force_custom_plan"),
+            // and a plan per run for statements over arrays of any length. A transaction is one
+            // pipeline up to its synchronisation point, which `statement_timeout` bounds as a whole.
+            (
+                "options",
+                "-c search_path=\(location.schema) -c plan_cache_mode=force_custom_plan"
+                    + " -c statement_timeout=\(timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000)"
+            ),
             // A server host that vanishes without a word is noticed within about 25 s.
             ("keepalives", "1"), ("keepalives_idle", "10"), ("keepalives_interval", "5"), ("keepalives_count", "3"),
         ]

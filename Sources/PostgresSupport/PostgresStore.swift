@@ -3,6 +3,7 @@ import Messaging
 import NIOCore
 import OnboardingAPI
 import PostgresNIO
+import Tracing
 import ServiceRuntime
 import Synchronization
 
@@ -46,7 +47,8 @@ public final class PostgresStore: Sendable {
         self.location = location
         self.executor = EventLoopTaskExecutor(MultiThreadedEventLoopGroup.singleton.next())
         self.client = PostgresClient(configuration: configuration, eventLoopGroup: executor.loop, backgroundLogger: logger)
-        self.pipeline = PipelineConnection(location: location, applicationName: applicationName, logger: logger)
+        self.pipeline = PipelineConnection(
+            location: location, applicationName: applicationName, timeout: timeout, logger: logger)
         self.timeout = timeout
         self.logger = logger
     }
@@ -181,7 +183,13 @@ public final class PostgresStore: Sendable {
         _ body: @escaping @Sendable (PipelineTransaction) throws -> T, afterCommit: @escaping @Sendable (T) -> Void
     ) async throws -> T {
         let race = FirstResult<T>()
-        pipeline.run(deadline: .now + timeout, body, afterCommit: afterCommit) { race.finish($0) }
+        // The caller's trace goes with the body to the pipeline's thread (events recorded there
+        // carry it, as they would in a task).
+        let context = ServiceContext.current
+        pipeline.run(
+            deadline: .now + timeout, { transaction in try ServiceContext.withValue(context) { try body(transaction) } },
+            afterCommit: afterCommit
+        ) { race.finish($0) }
         let limit = timeout
         let timer = executor.loop.scheduleTask(in: TimeAmount(limit)) { race.finish(.failure(Self.timedOut(limit))) }
         defer { timer.cancel() }
