@@ -119,6 +119,11 @@ private final class Link: @unchecked Sendable {
     private var deadline = ContinuousClock.now
     /// What ``PostgresOutbox/lockHead`` returned in this transaction.
     fileprivate var lockedHead: Int64?
+    /// The first statement of this transaction the server refused: every later one, COMMIT
+    /// included, was skipped, even when the body caught the error.
+    private var failure: StatementFailure?
+    /// Whether this transaction's COMMIT was answered: it has committed.
+    private var committed = false
 
     private struct PreparedKey: Hashable {
         var sql: String
@@ -132,6 +137,8 @@ private final class Link: @unchecked Sendable {
         case head
         /// The statement whose rows ``readAll(flushing:)`` returns.
         case wanted
+        /// The transaction's COMMIT.
+        case commit
     }
 
     /// Prepared statements kept per connection, at most: the stores' statements are a few dozen.
@@ -144,7 +151,8 @@ private final class Link: @unchecked Sendable {
         self.logger = logger
     }
 
-    /// `body` between `BEGIN` (with the outbox head's lock) and `COMMIT`.
+    /// `body` between `BEGIN` (with the outbox head's lock) and `COMMIT`; `afterCommit` once
+    /// COMMIT is answered, even when that is after `deadline` (the caller has stopped waiting).
     func transaction<T>(
         deadline: ContinuousClock.Instant, _ body: (PipelineTransaction) throws -> T, afterCommit: (T) -> Void
     ) throws -> T {
@@ -152,20 +160,31 @@ private final class Link: @unchecked Sendable {
             throw ServiceError(.timeout, "The store was busy past the time limit; nothing was changed. Try again.")
         }
         self.deadline = deadline
-        lockedHead = nil
+        (lockedHead, failure, committed) = (nil, nil, false)
         var committing = false
         do {
             try connectIfNeeded()
             try send("BEGIN")
             try send(PipelineQuery(stringLiteral: PostgresOutbox.lockHead), as: .head)
             let result = try body(PipelineTransaction(link: self))
-            try send("COMMIT")
+            if let failure { throw failure }
+            guard ContinuousClock.now < deadline else { throw PipelineError("the time limit passed before COMMIT") }
+            try send("COMMIT", as: .commit)
             committing = true
-            try sync()
+            // Its outcome is read past the caller's deadline, so that a commit that lands late
+            // (a paused server) is still published: for as long as keepalives take to call the
+            // connection dead.
+            self.deadline = ContinuousClock.now + timeout + .seconds(25)
+            do {
+                try sync()
+            } catch where committed {
+                disconnect()
+            }
+            guard committed else { throw PipelineError("COMMIT went unanswered") }
             afterCommit(result)
             return result
-        } catch let failure as StatementFailure {
-            // The server refused a statement: the rest was skipped, and COMMIT with it.
+        } catch let failure as StatementFailure where !failure.outcomeUnknown {
+            // The server refused a statement: the rest was skipped, COMMIT with it.
             disconnect()
             throw PipelineError(failure.message)
         } catch {
@@ -252,12 +271,12 @@ private final class Link: @unchecked Sendable {
     /// for; returns the rows of the last one wanted.
     func readAll(flushing: Bool) throws -> PipelineRows {
         guard let connection else { throw PipelineError("not connected") }
+        if let failure { throw failure }
         if flushing {
             guard PQsendFlushRequest(connection) == 1 else { throw connectionFailure("asking for results") }
         }
         try flush()
         var wanted = PipelineRows(types: [], rows: [])
-        var failure: StatementFailure?
         let expected = unread
         unread = []
         for kind in expected {
@@ -269,14 +288,23 @@ private final class Link: @unchecked Sendable {
                 case .checked: break
                 case .wanted: wanted = Self.rows(of: result)
                 case .head: lockedHead = try Self.rows(of: result).first.map { try $0.decode(Int64.self) }
+                case .commit: committed = true
                 }
             case PGRES_PIPELINE_ABORTED:
-                break
+                failure = failure ?? StatementFailure(message: "a statement was skipped after an earlier one failed")
             default:
-                failure = failure ?? StatementFailure(message: Self.message(of: result))
+                // COMMIT refused with an ERROR rolled back; a FATAL one (the server ending the
+                // session) may have come after the commit was made.
+                let severity = PQresultErrorField(result, Int32(UInt8(ascii: "V"))).map { String(cString: $0) }
+                failure =
+                    failure
+                    ?? StatementFailure(message: Self.message(of: result), outcomeUnknown: kind == .commit && severity != "ERROR")
             }
             // Each statement's results end with a null result.
-            guard try nextResult() == nil else { throw PipelineError("a statement returned more than one result") }
+            if let extra = try nextResult() {
+                PQclear(extra)
+                throw PipelineError("a statement returned more than one result")
+            }
         }
         if let failure { throw failure }
         return wanted
@@ -295,6 +323,8 @@ private final class Link: @unchecked Sendable {
 
     private struct StatementFailure: Error {
         var message: String
+        /// Whether the transaction may have committed all the same.
+        var outcomeUnknown = false
     }
 
     /// The next result, waiting for it until the deadline; `nil` ends a statement's results.
@@ -362,26 +392,38 @@ private final class Link: @unchecked Sendable {
     // MARK: Connecting
 
     private func connectIfNeeded() throws {
-        if let connection, PQstatus(connection) == CONNECTION_OK { return }
+        if let connection, PQstatus(connection) == CONNECTION_OK, Self.isQuiet(connection) { return }
         disconnect()
         let left = deadline - ContinuousClock.now
         // libpq's connect_timeout is whole seconds, and at least 2.
         let seconds = max(2, left.components.seconds + 1)
+        // `require` verifies the server's certificate against the system's authorities, as
+        // postgres-nio's `.require` does; libpq's `prefer` encrypts without verifying.
+        let verifying = location.tls == .require && FileManager.default.fileExists(atPath: Self.systemAuthorities)
+        let sslmode = verifying ? "verify-full" : location.tls.rawValue
+        let milliseconds = max(1, timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000)
         var parameters: [(String, String)] = [
             ("host", location.socketDirectory ?? location.host), ("port", String(location.port)),
-            ("user", location.username), ("dbname", location.database), ("sslmode", location.tls.rawValue),
+            ("user", location.username), ("dbname", location.database), ("sslmode", sslmode),
             ("application_name", applicationName), ("connect_timeout", String(seconds)),
-            // As postgres-nio's connections (PostgresLocation.clientConfiguration): the schema,
-            // and a plan per run for statements over arrays of any length. A transaction is one
-            // pipeline up to its synchronisation point, which `statement_timeout` bounds as a whole.
+            // As postgres-nio's connections (PostgresLocation.clientConfiguration): the schema, a
+            // plan per run for statements over arrays of any length, and the server probing the
+            // connection when idle (a vanished client's transaction ends within about 25 s). And
+            // a transaction the caller has given up on must not hold the outbox's lock past the
+            // time limit: the server ends a statement that runs longer, and a transaction left
+            // idle that long.
             (
                 "options",
-                "-c search_path=\(location.schema) -c plan_cache_mode=force_custom_plan"
-                    + " -c statement_timeout=\(timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000)"
+                [
+                    "search_path=\(location.schema)", "plan_cache_mode=force_custom_plan", "tcp_keepalives_idle=10",
+                    "tcp_keepalives_interval=5", "tcp_keepalives_count=3", "statement_timeout=\(milliseconds)",
+                    "idle_in_transaction_session_timeout=\(milliseconds)",
+                ].map { "-c \($0)" }.joined(separator: " ")
             ),
-            // A server host that vanishes without a word is noticed within about 25 s.
+            // This side probes too: a server host that vanishes is noticed within about 25 s.
             ("keepalives", "1"), ("keepalives_idle", "10"), ("keepalives_interval", "5"), ("keepalives_count", "3"),
         ]
+        if verifying { parameters.append(("sslrootcert", Self.systemAuthorities)) }
         if let password = location.password { parameters.append(("password", password)) }
         let opened = Self.withCStrings(parameters.map(\.0)) { keys in
             Self.withCStrings(parameters.map(\.1)) { values in PQconnectdbParams(keys, values, 0) }
@@ -397,7 +439,24 @@ private final class Link: @unchecked Sendable {
             PQfinish(opened)
             throw PipelineError("cannot enter pipeline mode: \(message)")
         }
+        PQsetNoticeProcessor(
+            opened,
+            { context, message in
+                guard let context, let message else { return }
+                let link = Unmanaged<Link>.fromOpaque(context).takeUnretainedValue()
+                link.logger.warning("PostgreSQL: \(String(cString: message).trimmingCharacters(in: .whitespacesAndNewlines))")
+            }, Unmanaged.passUnretained(self).toOpaque())
         connection = opened
+    }
+
+    /// Debian's bundle of the system's certificate authorities.
+    private static let systemAuthorities = "/etc/ssl/certs/ca-certificates.crt"
+
+    /// Whether an idle `connection` has heard nothing from the server: a server that restarted
+    /// or ended the session has closed it, or said why, and libpq learns that only by reading.
+    private static func isQuiet(_ connection: OpaquePointer) -> Bool {
+        var descriptor = pollfd(fd: PQsocket(connection), events: Int16(POLLIN), revents: 0)
+        return poll(&descriptor, 1, 0) == 0
     }
 
     /// Closes the connection (the server rolls back what it left open) and forgets its state.

@@ -11,12 +11,13 @@ import Testing
 struct PipelinedTransactionTests {
     /// Runs `body` with a store on a fresh schema holding the outbox and a table `thing`.
     private func withStore(
-        timeout: Duration = .seconds(5), _ body: @Sendable (PostgresStore, PostgresClient) async throws -> Void
+        timeout: Duration = .seconds(5), applicationName: String = "test",
+        _ body: @Sendable (PostgresStore, PostgresClient) async throws -> Void
     ) async throws {
         try await withTestSchema { client, location in
             try await migratedOutbox(client, location)
             try await client.query("CREATE TABLE thing (id bigint PRIMARY KEY, name text, tags text[])", logger: quietLogger)
-            let store = PostgresStore(location: location, applicationName: "test", timeout: timeout, logger: quietLogger)
+            let store = PostgresStore(location: location, applicationName: applicationName, timeout: timeout, logger: quietLogger)
             let running = Task { await store.run() }
             defer { running.cancel() }
             try await body(store, client)
@@ -103,6 +104,38 @@ struct PipelinedTransactionTests {
                 #expect(error.code == .timeout, "\(error)")
             }
             #expect(try await store.pipelinedEventTransaction({ try $0.lastSequence() }, afterCommit: { _ in }) == 0)
+        }
+    }
+
+    @Test("transactions one after another share the connection; one the server ended while idle is replaced before the next is sent")
+    func reuseAndReplace() async throws {
+        let name = "pipeline-test-\(UInt32.random(in: 0...UInt32.max))"
+        try await withStore(applicationName: name) { store, client in
+            for id in Int64(1)...5 {
+                try await store.pipelinedEventTransaction({ try $0.send("INSERT INTO thing (id) VALUES (\(id))") }, afterCommit: { _ in })
+            }
+            // As a restart or an administrator would: every connection of the store ends.
+            try await client.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = \(name)", logger: quietLogger)
+            try await store.pipelinedEventTransaction({ try $0.send("INSERT INTO thing (id) VALUES (\(Int64(6)))") }, afterCommit: { _ in })
+            #expect(try await things(client) == [1, 2, 3, 4, 5, 6])
+        }
+    }
+
+    @Test("a statement error the body catches still fails the transaction: nothing is committed or published")
+    func caughtErrorsStillFail() async throws {
+        try await withStore { store, client in
+            do {
+                try await store.pipelinedEventTransaction({ transaction in
+                    try transaction.send("INSERT INTO thing (id) VALUES (\(Int64(1)))")
+                    _ = try? transaction.rows("INSERT INTO thing (id) VALUES (\(Int64(1))) RETURNING id")
+                    _ = try? transaction.rows("SELECT id FROM thing")
+                    try transaction.send("INSERT INTO thing (id) VALUES (\(Int64(2)))")
+                }, afterCommit: { _ in Issue.record("published") })
+                Issue.record("the transaction committed")
+            } catch let error as ServiceError {
+                #expect(error.code == .storeUnavailable, "\(error)")
+            }
+            #expect(try await things(client).isEmpty)
         }
     }
 }
