@@ -24,9 +24,10 @@ import PostgresNIO
 final class PipelineConnection: Sendable {
     private let jobs = PipelineJobs()
 
-    /// - Parameter timeout: how long a transaction may take; the server ends one that runs longer
-    ///   (`statement_timeout`), so that a transaction its caller has given up on does not hold the
-    ///   outbox's lock, or anything else, past it.
+    /// - Parameter timeout: how long a transaction may take; the server ends a statement that
+    ///   runs longer and a transaction left idle that long (`statement_timeout`,
+    ///   `idle_in_transaction_session_timeout`), so that one its caller has given up on does not
+    ///   hold the outbox's lock, or anything else, much past it.
     init(location: PostgresLocation, applicationName: String, timeout: Duration, logger: Logger) {
         let jobs = self.jobs
         let link = Link(location: location, applicationName: applicationName, timeout: timeout, logger: logger)
@@ -52,7 +53,7 @@ final class PipelineConnection: Sendable {
     }
 
     /// Runs `body` in one transaction on the connection's thread, and `afterCommit` there once it
-    /// has committed; `finish` gets the outcome. Nothing is sent after `deadline`.
+    /// has committed; `finish` gets the outcome. No `COMMIT` is sent after `deadline`.
     func run<T>(
         deadline: ContinuousClock.Instant, _ body: @escaping @Sendable (PipelineTransaction) throws -> T,
         afterCommit: @escaping @Sendable (T) -> Void, finish: @escaping @Sendable (Result<T, any Error>) -> Void
