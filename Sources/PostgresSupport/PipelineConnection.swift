@@ -115,7 +115,7 @@ private final class Link: @unchecked Sendable {
     private var connection: OpaquePointer?
     /// Statements prepared on ``connection``, by SQL and parameter types: their names.
     private var prepared: [PreparedKey: String] = [:]
-    /// Results sent for and not yet read, in order: whether each is wanted.
+    /// What each statement sent and not yet read is for, in the order sent.
     private var unread: [Unread] = []
     private var deadline = ContinuousClock.now
     /// What ``PostgresOutbox/lockHead`` returned in this transaction.
