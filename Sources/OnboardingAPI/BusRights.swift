@@ -18,7 +18,8 @@ public enum BusRights {
     public static let requests: [String: [String: Set<String>]] = [
         ServiceName.auth: [EventsAfter.type: ["orchestrator"]],
         ServiceName.profile: [
-            GetProfile.type: ["orchestrator"], CreateProfile.type: ["orchestrator"], UpdateProfile.type: ["orchestrator"],
+            GetProfile.type: ["orchestrator"], CreateProfile.type: ["orchestrator"], AbandonCreates.type: ["orchestrator"],
+            UpdateProfile.type: ["orchestrator"],
             DeleteProfile.type: ["orchestrator"], EvictCachedProfile.type: ["orchestrator"], EventsAfter.type: ["orchestrator"],
         ],
         ServiceName.imageUpload: [

@@ -49,12 +49,33 @@ public struct CreateProfile: APIRequest {
     /// the person's profile is answered with that profile instead of `profileExists`.
     /// See ``IdempotencyKey``.
     public var idempotencyKey: String?
+    /// The caller's number for this try (the orchestrator numbers its set-up attempts, each
+    /// higher than any before it): a create whose attempt is at or below what
+    /// ``AbandonCreates`` gave for the person is refused (`invalidRequest`, reason
+    /// `createAbandoned`), unless it repeats the key of the create that made the profile.
+    public var attempt: UInt64?
 
-    public init(username: String, imagePath: String? = nil, idempotencyKey: String? = nil) {
+    public init(username: String, imagePath: String? = nil, idempotencyKey: String? = nil, attempt: UInt64? = nil) {
         self.username = username
         self.imagePath = imagePath
         self.idempotencyKey = idempotencyKey
+        self.attempt = attempt
     }
+}
+
+/// `profile.abandonCreates`: every `profile.create` for the envelope's `uid` whose `attempt` is
+/// at or below `throughAttempt` and that has not reached the store yet will be refused, and the
+/// answer is the profile as it is then (a create that reached the store first made it).
+///
+/// A create sent before its caller gave up on it (a timeout) may still be on its way: queued at a
+/// paused replica, or waiting for the database. The orchestrator abandons its attempts before it
+/// removes images a profile could have pointed at, so no later create can point at one it removed.
+public struct AbandonCreates: APIRequest {
+    public typealias Response = ProfileResult
+    public static let type = "profile.abandonCreates"
+
+    public var throughAttempt: UInt64
+    public init(throughAttempt: UInt64) { self.throughAttempt = throughAttempt }
 }
 
 /// `profile.update`: changes the fields given; absent fields stay as they are.

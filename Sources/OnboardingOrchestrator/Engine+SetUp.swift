@@ -25,7 +25,7 @@ extension Engine {
         }
         defer { releaseSetUp(uid) }
         let record = OrchestratorStore.Setup(uid: uid, idempotencyKey: key, username: saga.username)
-        try await storage.beginSetup(record)
+        let attempt = try await storage.beginSetup(record)
         var service = ServiceName.profile
         var strayImagesLeft = false
         /// How new the profile store's last answer about the profile was.
@@ -46,7 +46,7 @@ extension Engine {
                 service = ServiceName.profile
                 do {
                     let created = try await call(
-                        CreateProfile(username: username, imagePath: imagePath, idempotencyKey: key),
+                        CreateProfile(username: username, imagePath: imagePath, idempotencyKey: key, attempt: attempt),
                         to: configuration.profileRPC, uid: uid, correlationId: correlationId, retrying: true)
                     guard let profile = created.profile else {
                         throw ServiceError(.invalidMessage, "profile.create answered without a profile.")
@@ -56,16 +56,15 @@ extension Engine {
                 } catch {
                     step = saga.next(after: .createFailed(Self.serviceError(error)))
                 }
-            case .lookUpProfile:
+            case .abandonCreates:
                 do {
-                    let found = try await call(GetProfile(), to: configuration.profileRPC, uid: uid, retrying: true)
+                    let found = try await call(
+                        AbandonCreates(throughAttempt: attempt), to: configuration.profileRPC, uid: uid, retrying: true)
                     asOf = found.asOfSequence
-                    step = saga.next(after: .lookedUp(found.profile))
+                    step = saga.next(after: .abandoned(found.profile))
                 } catch {
-                    step = saga.next(after: .lookUpFailed(Self.serviceError(error)))
+                    step = saga.next(after: .abandonFailed(Self.serviceError(error)))
                 }
-            case .deleteImage(let path):
-                step = await deleteImages(uid: uid, saga: &saga) { try await self.call(DeleteImage(path: path), to: self.configuration.imageRPC, uid: uid, retrying: true) }.next
             case .deleteStrayImages(let keep):
                 let outcome = await deleteImages(uid: uid, saga: &saga) { try await self.call(DeleteAllImages(keep: keep), to: self.configuration.imageRPC, uid: uid, retrying: true) }
                 step = outcome.next
@@ -107,15 +106,19 @@ extension Engine {
     private func releaseSetUp(_ uid: String) { _ = settingUp.withLock { $0.remove(uid) } }
 
     /// Settles set-ups that a crash or an unreachable service left unfinished, every few seconds
-    /// until cancelled: a profile with the set-up's username means it went through (`dismiss`,
-    /// and stray images are removed); no profile means every image of the person is removed.
+    /// until cancelled. First their creates are abandoned (none still on its way can land after),
+    /// then: a profile with the set-up's username means it went through (`dismiss`, and stray
+    /// images are removed); no profile means every image of the person is removed.
     func settleSetUps(every interval: Duration = .seconds(2)) async {
         repeat {
             let unfinished = (try? await storage.unfinishedSetups()) ?? []
             for record in unfinished where claimSetUp(record.uid) {
                 defer { releaseSetUp(record.uid) }
                 do {
-                    let found = try await call(GetProfile(), to: configuration.profileRPC, uid: record.uid)
+                    // A record from before attempts were numbered (0) has no creates to abandon.
+                    let found = record.attempt > 0
+                        ? try await call(AbandonCreates(throughAttempt: record.attempt), to: configuration.profileRPC, uid: record.uid)
+                        : try await call(GetProfile(), to: configuration.profileRPC, uid: record.uid)
                     let profile = found.profile
                     if let profile, profile.username == record.username {
                         try await sendAndWait([.profileCreated(uid: record.uid, asOf: found.asOfSequence)])

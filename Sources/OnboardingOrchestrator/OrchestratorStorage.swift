@@ -27,7 +27,8 @@ public protocol OrchestratorStorage: Sendable {
     func peopleWithWork() async throws -> [(String, OnboardingStateMachine.PersistedPerson)]
 
     /// Records that a set-up is under way, so that a crash leaves it to be settled.
-    func beginSetup(_ setup: SetUpRecord) async throws
+    /// - Returns: its attempt (see ``SetUpRecord/attempt``), which replaces the record's.
+    func beginSetup(_ setup: SetUpRecord) async throws -> UInt64
     func endSetup(uid: String, idempotencyKey: String) async throws
     func unfinishedSetups() async throws -> [SetUpRecord]
 }
@@ -37,11 +38,15 @@ public struct SetUpRecord: Sendable, Hashable {
     public var uid: String
     public var idempotencyKey: String
     public var username: String
+    /// The number the store gave this try when it began: higher than any it gave before, for
+    /// anyone, so `profile.abandonCreates` through it also stops every earlier try's creates.
+    public var attempt: UInt64
 
-    public init(uid: String, idempotencyKey: String, username: String) {
+    public init(uid: String, idempotencyKey: String, username: String, attempt: UInt64 = 0) {
         self.uid = uid
         self.idempotencyKey = idempotencyKey
         self.username = username
+        self.attempt = attempt
     }
 }
 
@@ -154,7 +159,7 @@ final class SQLiteOrchestratorStorage: OrchestratorStorage {
         try await withStore(database, write: false, logger: logger) { try OrchestratorStore.peopleWithWork(in: $0) }
     }
 
-    func beginSetup(_ setup: SetUpRecord) async throws {
+    func beginSetup(_ setup: SetUpRecord) async throws -> UInt64 {
         try await withStore(database, logger: logger) { try OrchestratorStore.beginSetup(setup, in: $0) }
     }
 

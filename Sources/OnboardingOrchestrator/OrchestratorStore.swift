@@ -89,6 +89,17 @@ package enum OrchestratorStore {
                     CREATE INDEX person_cleanup ON person(uid) WHERE cleanup != '';
                     """)
         }
+        // Set-up attempts, numbered higher than any before (see SetUpRecord.attempt).
+        migrator.registerMigration("orchestrator-v4-setup-attempts") { db in
+            try db.alter(table: "setup") { table in
+                table.add(column: "attempt", .integer).notNull().defaults(to: 0)
+            }
+            try db.create(table: "setupAttempt") { table in
+                table.primaryKey("id", .integer).check { $0 == 1 }
+                table.column("last", .integer).notNull()
+            }
+            try db.execute(sql: "INSERT INTO setupAttempt (id, last) VALUES (1, 0)")
+        }
         return migrator
     }
 
@@ -280,14 +291,19 @@ package enum OrchestratorStore {
 
     package typealias Setup = SetUpRecord
 
-    static func beginSetup(_ setup: Setup, in db: Database) throws {
+    /// - Returns: the set-up's attempt: one higher than any this store numbered before.
+    static func beginSetup(_ setup: Setup, in db: Database) throws -> UInt64 {
+        guard let attempt = try Int64.fetchOne(db, sql: "UPDATE setupAttempt SET last = last + 1 WHERE id = 1 RETURNING last") else {
+            throw ServiceError(.internalError, "The orchestrator's store has no set-up attempt counter.")
+        }
         try db.execute(
             sql: """
-                INSERT INTO setup (uid, idempotencyKey, username, startedAt) VALUES (?, ?, ?, ?)
+                INSERT INTO setup (uid, idempotencyKey, username, startedAt, attempt) VALUES (?, ?, ?, ?, ?)
                 ON CONFLICT (uid, idempotencyKey) DO UPDATE SET
-                    username = excluded.username, startedAt = excluded.startedAt
+                    username = excluded.username, startedAt = excluded.startedAt, attempt = excluded.attempt
                 """,
-            arguments: [setup.uid, setup.idempotencyKey, setup.username, Timestamp.now()])
+            arguments: [setup.uid, setup.idempotencyKey, setup.username, Timestamp.now(), attempt])
+        return UInt64(attempt)
     }
 
     static func endSetup(uid: String, idempotencyKey: String, in db: Database) throws {
@@ -295,8 +311,10 @@ package enum OrchestratorStore {
     }
 
     static func unfinishedSetups(in db: Database) throws -> [Setup] {
-        try Row.fetchAll(db, sql: "SELECT uid, idempotencyKey, username FROM setup").map {
-            Setup(uid: $0["uid"], idempotencyKey: $0["idempotencyKey"], username: $0["username"])
+        try Row.fetchAll(db, sql: "SELECT uid, idempotencyKey, username, attempt FROM setup").map {
+            Setup(
+                uid: $0["uid"], idempotencyKey: $0["idempotencyKey"], username: $0["username"],
+                attempt: UInt64(clamping: $0["attempt"] as Int64))
         }
     }
 }

@@ -7,20 +7,22 @@ import OnboardingAPI
 /// ``OnboardingOrchestrator`` performs each ``Step`` and reports its ``Outcome``; the saga says
 /// what comes next, until ``Step/succeed(_:)`` or ``Step/fail(_:settled:)``.
 ///
-/// Both calls carry the set-up's idempotency key, so repeating either does the work once. When a
-/// call's outcome is unknown (it timed out), the saga looks at the profile before deciding: a
-/// profile with this username means the set-up went through; either way every image of the
-/// person except the one the profile points at is removed (an upload that timed out may have
-/// stored one nobody points at), since the set-up is the only thing that uploads.
+/// Both calls carry the set-up's idempotency key, so repeating either does the work once. Before
+/// any image is removed, the set-up's creates are abandoned (``Step/abandonCreates``): a create
+/// sent earlier may still be on its way (queued at a paused replica, waiting for the database),
+/// and once the profile store has answered, none of them can make a profile that points at an
+/// image removed after. That answer is the profile as it is: when a call's outcome was unknown
+/// (it timed out), a profile with this username means the set-up went through. Either way every
+/// image of the person except the one the profile points at is removed (an upload that timed
+/// out may have stored one nobody points at), since the set-up is the only thing that uploads.
 public struct ProfileSetupSaga: Sendable {
     public enum Step: Sendable, Hashable {
         case uploadImage
         case createProfile(username: String, imagePath: String?)
-        /// An outcome is unknown (a call timed out): look before undoing anything.
-        case lookUpProfile
-        /// Compensation: remove the image whose profile was not created.
-        case deleteImage(path: String)
-        /// Compensation when the uploaded path is unknown: remove the person's images but `keep`.
+        /// Before removing anything: stop every create of this set-up (and of earlier ones) that
+        /// has not reached the profile store, and look at the profile.
+        case abandonCreates
+        /// Compensation: remove the person's images but `keep` (the profile's, if any).
         case deleteStrayImages(keep: String?)
         case succeed(Profile)
         /// The set-up failed with `error`. `settled`: nothing it stored is left behind; when
@@ -33,8 +35,9 @@ public struct ProfileSetupSaga: Sendable {
         case uploadFailed(ServiceError)
         case created(Profile)
         case createFailed(ServiceError)
-        case lookedUp(Profile?)
-        case lookUpFailed(ServiceError)
+        /// The creates are abandoned; the profile as it is then.
+        case abandoned(Profile?)
+        case abandonFailed(ServiceError)
         case imagesDeleted
         case imageDeleteFailed(ServiceError)
     }
@@ -43,6 +46,8 @@ public struct ProfileSetupSaga: Sendable {
     public let hasImage: Bool
     private(set) var imagePath: String?
     private var failure: ServiceError?
+    /// Whether a call failed in a way that leaves its outcome unknown (it may have done its work).
+    private var outcomeUnknown = false
     /// The profile found after an unknown outcome: the set-up succeeds once strays are removed.
     private var found: Profile?
     /// The format rule the username breaks, found by the one bounded check in `init`.
@@ -68,26 +73,29 @@ public struct ProfileSetupSaga: Sendable {
             return .createProfile(username: username, imagePath: path)
         case .uploadFailed(let error) where Self.outcomeUnknown(error):
             failure = error
-            return .lookUpProfile
+            outcomeUnknown = true
+            return .abandonCreates
         case .uploadFailed(let error):
             return .fail(error, settled: true)
         case .created(let profile):
             return .succeed(profile)
         case .createFailed(let error) where Self.outcomeUnknown(error):
             failure = error
-            return .lookUpProfile
+            outcomeUnknown = true
+            return .abandonCreates
         case .createFailed(let error):
             failure = error
-            if let imagePath { return .deleteImage(path: imagePath) }
-            return .fail(error, settled: true)
-        case .lookedUp(let profile?) where profile.username == username && profile.imagePath == imagePath:
+            // A refusal with an image: remove it, once no copy of the create can still land.
+            return imagePath == nil ? .fail(error, settled: true) : .abandonCreates
+        case .abandoned(let profile?) where profile.username == username && profile.imagePath == imagePath:
             return .succeed(profile)
-        case .lookedUp(let profile):
-            if let profile, profile.username == username { found = profile }
+        case .abandoned(let profile):
+            // After an unknown outcome, a profile with this username is this set-up's.
+            if outcomeUnknown, let profile, profile.username == username { found = profile }
             return .deleteStrayImages(keep: profile?.imagePath)
-        case .lookUpFailed:
-            // Whether the profile exists is unknown: keep the image rather than risk a profile
-            // that points at nothing; the orchestrator settles it later.
+        case .abandonFailed:
+            // Whether a create may still land is unknown: keep the images rather than risk a
+            // profile that points at nothing; the orchestrator settles it later.
             return .fail(reported, settled: false)
         case .imagesDeleted:
             if let found { return .succeed(found) }

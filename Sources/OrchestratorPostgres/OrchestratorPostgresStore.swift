@@ -76,6 +76,10 @@ final class OrchestratorPostgresStore: BufferedDecisionStore {
                 """,
                 "INSERT INTO leader (id, epoch) VALUES (1, 0)",
             ])
+        // Set-up attempts, numbered higher than any before (see SetUpRecord.attempt).
+        migrator.register(
+            "orchestrator-v2-setup-attempts",
+            ["ALTER TABLE setup ADD COLUMN attempt bigint NOT NULL DEFAULT 0", "CREATE SEQUENCE setup_attempt"])
         return migrator
     }
 
@@ -298,16 +302,20 @@ final class OrchestratorPostgresStore: BufferedDecisionStore {
 
     // MARK: Set-ups
 
-    func beginSetup(_ setup: SetUpRecord) async throws {
+    func beginSetup(_ setup: SetUpRecord) async throws -> UInt64 {
         let (logger, now) = (self.logger, Timestamp.now())
-        try await store.read { connection in
-            _ = try await connection.query(
+        return try await store.read { connection in
+            let rows = try await connection.query(
                 """
-                INSERT INTO setup (uid, idempotency_key, username, started_at)
-                VALUES (\(setup.uid), \(setup.idempotencyKey), \(setup.username), \(now))
-                ON CONFLICT (uid, idempotency_key) DO UPDATE SET username = excluded.username, started_at = excluded.started_at
+                INSERT INTO setup (uid, idempotency_key, username, started_at, attempt)
+                VALUES (\(setup.uid), \(setup.idempotencyKey), \(setup.username), \(now), nextval('setup_attempt'))
+                ON CONFLICT (uid, idempotency_key) DO UPDATE
+                  SET username = excluded.username, started_at = excluded.started_at, attempt = excluded.attempt
+                RETURNING attempt
                 """,
                 logger: logger)
+            for try await attempt in rows.decode(Int64.self) { return UInt64(clamping: attempt) }
+            throw ServiceError(.internalError, "The orchestrator's store recorded a set-up without numbering it.")
         }
     }
 
@@ -323,10 +331,10 @@ final class OrchestratorPostgresStore: BufferedDecisionStore {
         let logger = self.logger
         return try await store.read { connection in
             var setups: [SetUpRecord] = []
-            for try await (uid, key, username) in try await connection.query(
-                "SELECT uid, idempotency_key, username FROM setup", logger: logger
-            ).decode((String, String, String).self) {
-                setups.append(SetUpRecord(uid: uid, idempotencyKey: key, username: username))
+            for try await (uid, key, username, attempt) in try await connection.query(
+                "SELECT uid, idempotency_key, username, attempt FROM setup", logger: logger
+            ).decode((String, String, String, Int64).self) {
+                setups.append(SetUpRecord(uid: uid, idempotencyKey: key, username: username, attempt: UInt64(clamping: attempt)))
             }
             return setups
         }

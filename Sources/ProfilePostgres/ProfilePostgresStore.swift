@@ -56,6 +56,10 @@ final class ProfilePostgresStore: ProfileStorage {
                   sequence bigint NOT NULL)
                 """
             ])
+        // Per person, the highest attempt whose creates were abandoned (see abandonCreates).
+        migrator.register(
+            "profile-v2-abandoned-creates",
+            ["CREATE TABLE abandoned_creates (uid text PRIMARY KEY, through_attempt bigint NOT NULL)"])
         return migrator
     }
 
@@ -114,7 +118,7 @@ final class ProfilePostgresStore: ProfileStorage {
     // MARK: Changing
 
     func createRecorded(
-        uid: String, username: String, imagePath: String?, idempotencyKey: String?, correlationId: String?
+        uid: String, username: String, imagePath: String?, idempotencyKey: String?, attempt: UInt64?, correlationId: String?
     ) async throws -> (profile: Profile, sequence: UInt64) {
         let (username, usernameKey) = try ProfileRules.checkCreate(
             uid: uid, username: username, imagePath: imagePath, idempotencyKey: idempotencyKey)
@@ -122,6 +126,9 @@ final class ProfilePostgresStore: ProfileStorage {
             if let existing = try await self.row(uid: uid, on: connection) {
                 guard let idempotencyKey, existing.createKey == idempotencyKey else { throw ProfileRules.profileExists }
                 return Change(profile: existing.profile, sequence: existing.sequence, uid: uid)
+            }
+            if let attempt, attempt <= (try await self.abandonedThrough(uid: uid, on: connection)) {
+                throw ProfileRules.createAbandoned
             }
             let now = Timestamp.now()
             let sequence = last + 1
@@ -138,6 +145,32 @@ final class ProfilePostgresStore: ProfileStorage {
                 ProfileCreated(profile: profile), profile: profile, uid: uid, after: last, correlationId: correlationId,
                 on: connection)
         }.result
+    }
+
+    /// In a change's transaction, after the outbox head's lock: a create of `uid` either
+    /// committed before (and the profile read here shows it) or reads the mark after this commits.
+    func abandonCreates(uid: String, through attempt: UInt64) async throws -> ProfileResult {
+        let logger = self.logger
+        let change = try await change { connection, last in
+            try await connection.query(
+                """
+                INSERT INTO abandoned_creates (uid, through_attempt) VALUES (\(uid), \(Int64(clamping: attempt)))
+                ON CONFLICT (uid) DO UPDATE SET through_attempt = greatest(abandoned_creates.through_attempt, excluded.through_attempt)
+                """,
+                logger: logger)
+            guard let row = try await self.row(uid: uid, on: connection) else {
+                return Change(profile: nil, sequence: UInt64(clamping: last), uid: uid)
+            }
+            return Change(profile: row.profile, sequence: row.sequence, uid: uid)
+        }
+        return ProfileResult(profile: change.profile, asOfSequence: change.sequence)
+    }
+
+    private func abandonedThrough(uid: String, on connection: PostgresConnection) async throws -> UInt64 {
+        for try await through in try await connection.query(
+            "SELECT through_attempt FROM abandoned_creates WHERE uid = \(uid)", logger: logger
+        ).decode(Int64.self) { return UInt64(clamping: through) }
+        return 0
     }
 
     func updateRecorded(uid: String, username: String?, imagePath: String?, correlationId: String?)

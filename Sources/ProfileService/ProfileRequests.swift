@@ -48,8 +48,11 @@ struct ProfileRequests: Sendable {
         dispatcher.on(CreateProfile.self, access: .service) { request, context in
             let created = try await store.createRecorded(
                 uid: context.requireUID(), username: request.username, imagePath: request.imagePath,
-                idempotencyKey: request.idempotencyKey, correlationId: context.message.header.id)
+                idempotencyKey: request.idempotencyKey, attempt: request.attempt, correlationId: context.message.header.id)
             return ProfileResult(profile: created.profile, asOfSequence: created.sequence)
+        }
+        dispatcher.on(AbandonCreates.self, access: .service) { request, context in
+            try await store.abandonCreates(uid: context.requireUID(), through: request.throughAttempt)
         }
         dispatcher.on(UpdateProfile.self, access: .sessionOrService) { request, context in
             let updated = try await store.updateRecorded(

@@ -15,6 +15,7 @@ import ServiceRuntime
 ///   ignored), exactly one wins, whichever process or replica makes them;
 /// - a create that repeats its idempotency key is answered with the profile as it is, and
 ///   records nothing;
+/// - once creates are abandoned through an attempt, no create at or below it makes a profile;
 /// - every answer says how new it is (``ProfileResult/asOfSequence``);
 /// - a failing database is `storeUnavailable` (or, past the time limit, `timeout`), never "no
 ///   profile".
@@ -30,10 +31,15 @@ public protocol ProfileStorage: Sendable {
     func availability(of username: String) async throws -> UsernameAvailability
 
     /// Creates the first profile of `uid` and records `ProfileCreated`; see
-    /// ``ProfileStore/createRecorded(uid:username:imagePath:idempotencyKey:correlationId:)``.
+    /// ``ProfileStore/createRecorded(uid:username:imagePath:idempotencyKey:attempt:correlationId:)``.
     func createRecorded(
-        uid: String, username: String, imagePath: String?, idempotencyKey: String?, correlationId: String?
+        uid: String, username: String, imagePath: String?, idempotencyKey: String?, attempt: UInt64?, correlationId: String?
     ) async throws -> (profile: Profile, sequence: UInt64)
+
+    /// From now on refuses every create of `uid` whose attempt is at or below `attempt` (one
+    /// that repeats the profile's own key excepted), and answers with the profile as it is, read
+    /// after any create that reached the store first; see ``ProfileStore/abandonCreates(uid:through:)``.
+    func abandonCreates(uid: String, through attempt: UInt64) async throws -> ProfileResult
 
     /// Changes the fields given and records `ProfileUpdated` when something changed.
     func updateRecorded(uid: String, username: String?, imagePath: String?, correlationId: String?)
@@ -47,6 +53,16 @@ public protocol ProfileStorage: Sendable {
 }
 
 extension ProfileStorage {
+    /// ``createRecorded(uid:username:imagePath:idempotencyKey:attempt:correlationId:)`` without
+    /// an attempt (never refused as abandoned).
+    public func createRecorded(
+        uid: String, username: String, imagePath: String?, idempotencyKey: String?, correlationId: String?
+    ) async throws -> (profile: Profile, sequence: UInt64) {
+        try await createRecorded(
+            uid: uid, username: username, imagePath: imagePath, idempotencyKey: idempotencyKey, attempt: nil,
+            correlationId: correlationId)
+    }
+
     /// The profile of `uid`, or `nil` when that person has none (a normal answer).
     public func fetch(uid: String) async throws -> Profile? {
         try await read(uid: uid).profile
@@ -153,6 +169,11 @@ public struct SQLiteProfileDatabase: ProfileDatabase {
 package enum ProfileRules {
     package static let profileExists = ServiceError(
         .profileExists, "This person already has a profile; change it with profile.update.")
+
+    package static let createAbandoned = ServiceError(
+        .invalidRequest,
+        "This create's attempt was abandoned (its set-up was given up and cleaned away); a new set-up makes a new attempt.",
+        reason: "createAbandoned")
 
     package static let profileNotFound = ServiceError(
         .profileNotFound, "This person has no profile to change; create it with profile.create.")

@@ -48,7 +48,8 @@ public struct ProfileStore: ProfileStorage {
     /// The migrations of the profile database: the outbox and the `profile` table, whose
     /// `createKey` column (added by `profile-v2-create-key`) keeps the idempotency key of the
     /// create that made each profile, and whose `sequence` column (`profile-v3-sequence`) keeps
-    /// the sequence number of the event that last changed it.
+    /// the sequence number of the event that last changed it; `abandonedCreates`
+    /// (`profile-v4-abandoned-creates`) keeps, per person, the attempt creates were abandoned through.
     public static func migrator() -> DatabaseMigrator {
         var migrator = DatabaseMigrator()
         Outbox.registerMigration(in: &migrator)
@@ -74,6 +75,13 @@ public struct ProfileStore: ProfileStorage {
             // Profiles made before: as new as everything recorded so far (true of each of them now,
             // and the same cost for every row, pruned events or not).
             try db.execute(sql: "UPDATE profile SET sequence = ?", arguments: [Int64(clamping: try Outbox.lastSequence(in: db))])
+        }
+        // Per person, the highest attempt whose creates were abandoned (see abandonCreates).
+        migrator.registerMigration("profile-v4-abandoned-creates") { db in
+            try db.create(table: "abandonedCreates") { table in
+                table.primaryKey("uid", .text)
+                table.column("throughAttempt", .integer).notNull()
+            }
         }
         return migrator
     }
@@ -142,10 +150,13 @@ public struct ProfileStore: ProfileStorage {
     /// profile as it is now, without recording a second event. The retry's username and image
     /// path are not compared with the first request's: the key alone says it is the same
     /// request. A create with another key, or with none, while the profile exists is
-    /// `profileExists`. Keys are compared exactly (letter case counts).
+    /// `profileExists`. Keys are compared exactly (letter case counts). Otherwise, a create whose
+    /// `attempt` is at or below what ``abandonCreates(uid:through:)`` was given is refused
+    /// (`invalidRequest`, reason `createAbandoned`).
     ///
     /// - Parameters:
     ///   - idempotencyKey: see ``IdempotencyKey``.
+    ///   - attempt: the caller's number for this try (`nil`: never refused as abandoned).
     ///   - correlationId: the request that caused it, carried by the event.
     /// Answered with how new the answer is: the sequence of the `ProfileCreated` event (for a
     /// repeated key, of the event that last changed the profile).
@@ -153,7 +164,8 @@ public struct ProfileStore: ProfileStorage {
     ///   person's as image-upload makes them, or a malformed idempotency key), `profileExists`,
     ///   `usernameTaken` or `storeUnavailable`.
     public func createRecorded(
-        uid: String, username: String, imagePath: String?, idempotencyKey: String? = nil, correlationId: String? = nil
+        uid: String, username: String, imagePath: String?, idempotencyKey: String? = nil, attempt: UInt64? = nil,
+        correlationId: String? = nil
     ) async throws(ServiceError) -> (profile: Profile, sequence: UInt64) {
         let (username, usernameKey) = try ProfileRules.checkCreate(
             uid: uid, username: username, imagePath: imagePath, idempotencyKey: idempotencyKey)
@@ -163,6 +175,7 @@ public struct ProfileStore: ProfileStorage {
                 guard let idempotencyKey, existing.createKey == idempotencyKey else { throw ProfileRules.profileExists }
                 return (existing.profile, existing.sequence)
             }
+            if let attempt, attempt <= (try Self.abandonedThrough(uid: uid, in: db)) { throw ProfileRules.createAbandoned }
             let now = Timestamp.now()
             var row = ProfileRow(
                 uid: uid, username: username, usernameKey: usernameKey,
@@ -174,6 +187,30 @@ public struct ProfileStore: ProfileStorage {
             Self.tell(afterCommit, uid: uid, profile: row.profile, sequence: row.sequence, in: db)
             return (row.profile, row.sequence)
         }
+    }
+
+    /// Refuses, from now on, every create of `uid` whose attempt is at or below `attempt` (a
+    /// lower number than one given before changes nothing), and answers with the profile as it
+    /// is. Writes are serialized, so a create either committed before (and the answer shows its
+    /// profile) or reads the mark after it (and is refused): none of those attempts can make a
+    /// profile once this has answered. Records no event.
+    ///
+    /// - Throws: `storeUnavailable`.
+    public func abandonCreates(uid: String, through attempt: UInt64) async throws(ServiceError) -> ProfileResult {
+        try await run { db in
+            try db.execute(
+                sql: """
+                    INSERT INTO abandonedCreates (uid, throughAttempt) VALUES (?, ?)
+                    ON CONFLICT (uid) DO UPDATE SET throughAttempt = max(throughAttempt, excluded.throughAttempt)
+                    """,
+                arguments: [uid, Int64(clamping: attempt)])
+            return try Self.read(uid: uid, in: db)
+        }
+    }
+
+    private static func abandonedThrough(uid: String, in db: Database) throws -> UInt64 {
+        let through = try Int64.fetchOne(db, sql: "SELECT throughAttempt FROM abandonedCreates WHERE uid = ?", arguments: [uid])
+        return UInt64(clamping: through ?? 0)
     }
 
     /// Changes the username and/or image path of `uid`'s profile and records `ProfileUpdated`.

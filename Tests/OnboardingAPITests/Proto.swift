@@ -139,7 +139,7 @@ enum WireCatalog {
     static let requests: [[Entry]] = [
         request(HealthCheck.self),
         request(SignIn.self), request(SignOut.self), request(Withdraw.self), request(VerifySession.self),
-        request(GetProfile.self), request(CreateProfile.self), request(UpdateProfile.self),
+        request(GetProfile.self), request(CreateProfile.self), request(AbandonCreates.self), request(UpdateProfile.self),
         request(DeleteProfile.self), request(CheckUsername.self), request(EvictCachedProfile.self),
         request(UploadImage.self), request(DeleteImage.self), request(DeleteAllImages.self),
         request(CheckOnboarding.self), request(SetUpProfile.self),

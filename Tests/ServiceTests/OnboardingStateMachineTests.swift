@@ -434,13 +434,38 @@ struct ProfileSetupSagaTests {
         #expect(saga.next(after: .created(profile)) == .succeed(profile))
     }
 
-    @Test("an image whose profile was refused is removed, and the refusal reaches the caller")
+    @Test("an image whose profile was refused is removed once the set-up's creates are abandoned, and the refusal reaches the caller")
     func compensation() {
         var saga = ProfileSetupSaga(username: "mina", hasImage: true)
         _ = saga.start()
         _ = saga.next(after: .uploaded(path: "u/a.png"))
-        #expect(saga.next(after: .createFailed(.username(.duplicated))) == .deleteImage(path: "u/a.png"))
+        #expect(saga.next(after: .createFailed(.username(.duplicated))) == .abandonCreates)
+        #expect(saga.next(after: .abandoned(nil)) == .deleteStrayImages(keep: nil))
         #expect(saga.next(after: .imagesDeleted) == .fail(.username(.duplicated), settled: true))
+
+        // A refusal is not an unknown outcome: an existing profile of the same name is kept, not claimed.
+        var exists = ProfileSetupSaga(username: "mina", hasImage: true)
+        _ = exists.start()
+        _ = exists.next(after: .uploaded(path: "u/a.png"))
+        #expect(exists.next(after: .createFailed(ServiceError(.profileExists, "exists"))) == .abandonCreates)
+        let earlier = Profile(uid: "u", username: "mina", imagePath: "u/old.png", createdAt: "t", updatedAt: "t")
+        #expect(exists.next(after: .abandoned(earlier)) == .deleteStrayImages(keep: "u/old.png"))
+        #expect(exists.next(after: .imagesDeleted) == .fail(ServiceError(.profileExists, "exists"), settled: true))
+
+        // Without an image there is nothing to remove: the refusal is the answer at once.
+        var plain = ProfileSetupSaga(username: "mina", hasImage: false)
+        _ = plain.start()
+        #expect(plain.next(after: .createFailed(.username(.duplicated))) == .fail(.username(.duplicated), settled: true))
+    }
+
+    @Test("a create of this set-up that landed before the abandonment makes it a success, its image kept")
+    func landedBeforeAbandoning() {
+        var saga = ProfileSetupSaga(username: "mina", hasImage: true)
+        _ = saga.start()
+        _ = saga.next(after: .uploaded(path: "u/a.png"))
+        _ = saga.next(after: .createFailed(.username(.duplicated)))
+        let landed = Profile(uid: "u", username: "mina", imagePath: "u/a.png", createdAt: "t", updatedAt: "t")
+        #expect(saga.next(after: .abandoned(landed)) == .succeed(landed))
     }
 
     @Test("an image that could not be removed leaves the set-up on record, to be settled later")
@@ -449,29 +474,30 @@ struct ProfileSetupSagaTests {
         _ = saga.start()
         _ = saga.next(after: .uploaded(path: "u/a.png"))
         _ = saga.next(after: .createFailed(.username(.duplicated)))
+        _ = saga.next(after: .abandoned(nil))
         #expect(saga.next(after: .imageDeleteFailed(slow)) == .fail(.username(.duplicated), settled: false))
     }
 
-    @Test("a create that timed out is looked up before anything is undone")
+    @Test("a create that timed out is abandoned, and the profile looked at, before anything is undone")
     func timeoutLooksUp() {
         var saga = ProfileSetupSaga(username: "mina", hasImage: true)
         _ = saga.start()
         _ = saga.next(after: .uploaded(path: "u/a.png"))
-        #expect(saga.next(after: .createFailed(slow)) == .lookUpProfile)
-        #expect(saga.next(after: .lookedUp(profile)) == .succeed(profile))
+        #expect(saga.next(after: .createFailed(slow)) == .abandonCreates)
+        #expect(saga.next(after: .abandoned(profile)) == .succeed(profile))
 
         var missing = ProfileSetupSaga(username: "mina", hasImage: true)
         _ = missing.start()
         _ = missing.next(after: .uploaded(path: "u/a.png"))
         _ = missing.next(after: .createFailed(slow))
-        #expect(missing.next(after: .lookedUp(nil)) == .deleteStrayImages(keep: nil))
+        #expect(missing.next(after: .abandoned(nil)) == .deleteStrayImages(keep: nil))
         #expect(missing.next(after: .imagesDeleted) == .fail(slow, settled: true))
 
         var unknown = ProfileSetupSaga(username: "mina", hasImage: true)
         _ = unknown.start()
         _ = unknown.next(after: .uploaded(path: "u/a.png"))
         _ = unknown.next(after: .createFailed(slow))
-        #expect(unknown.next(after: .lookUpFailed(slow)) == .fail(slow, settled: false), "unknown: keep it on record")
+        #expect(unknown.next(after: .abandonFailed(slow)) == .fail(slow, settled: false), "unknown: keep it on record")
     }
 
     @Test("a set-up found done after a timeout succeeds once images nobody points at are removed")
@@ -479,10 +505,10 @@ struct ProfileSetupSagaTests {
         var saga = ProfileSetupSaga(username: "mina", hasImage: true)
         _ = saga.start()
         _ = saga.next(after: .uploaded(path: "u/new.png"))
-        #expect(saga.next(after: .createFailed(slow)) == .lookUpProfile)
+        #expect(saga.next(after: .createFailed(slow)) == .abandonCreates)
         // An earlier set-up of the same name made the profile, with another image.
         let earlier = Profile(uid: "u", username: "mina", imagePath: "u/old.png", createdAt: "t", updatedAt: "t")
-        #expect(saga.next(after: .lookedUp(earlier)) == .deleteStrayImages(keep: "u/old.png"))
+        #expect(saga.next(after: .abandoned(earlier)) == .deleteStrayImages(keep: "u/old.png"))
         #expect(saga.next(after: .imagesDeleted) == .succeed(earlier))
     }
 
@@ -490,9 +516,9 @@ struct ProfileSetupSagaTests {
     func uploadTimeout() {
         var saga = ProfileSetupSaga(username: "mina", hasImage: true)
         _ = saga.start()
-        #expect(saga.next(after: .uploadFailed(slow)) == .lookUpProfile)
+        #expect(saga.next(after: .uploadFailed(slow)) == .abandonCreates)
         let someoneElses = Profile(uid: "u", username: "other", imagePath: "u/b.png", createdAt: "t", updatedAt: "t")
-        #expect(saga.next(after: .lookedUp(someoneElses)) == .deleteStrayImages(keep: "u/b.png"))
+        #expect(saga.next(after: .abandoned(someoneElses)) == .deleteStrayImages(keep: "u/b.png"))
     }
 
     @Test("a refused upload fails the set-up with the uploader's reason; nothing was stored")

@@ -202,6 +202,37 @@ extension ProfileServiceTests {
             }
         }
 
+        @Test("once creates are abandoned through an attempt, none at or below it makes a profile", arguments: StoreKind.available)
+        func abandonedCreates(kind: StoreKind) async throws {
+            try await withProfileStore(kind) { store async throws in
+                #expect(try await store.abandonCreates(uid: "u1", through: 5) == ProfileResult(profile: nil, asOfSequence: 0))
+                for attempt: UInt64 in [3, 5] {
+                    let late = await refusal {
+                        _ = try await store.createRecorded(
+                            uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "k\(attempt)",
+                            attempt: attempt, correlationId: nil)
+                    }
+                    #expect(late?.code == .invalidRequest)
+                    #expect(late?.reason == "createAbandoned")
+                }
+                #expect(try await outboxRows(store).isEmpty, "a refused create records nothing")
+                #expect(try await store.fetch(uid: "u1") == nil)
+                // Another person's creates, creates without an attempt and later attempts go through.
+                _ = try await store.createRecorded(
+                    uid: "u2", username: "sora", imagePath: nil, idempotencyKey: "k1", attempt: 1, correlationId: nil)
+                // A lower number than one given before changes nothing.
+                _ = try await store.abandonCreates(uid: "u1", through: 2)
+                let created = try await store.createRecorded(
+                    uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "k6", attempt: 6, correlationId: nil)
+                // Abandoning answers with the profile as it is, and a repeat of the key that made it still gets it.
+                #expect(try await store.abandonCreates(uid: "u1", through: 6) == ProfileResult(profile: created.profile, asOfSequence: 2))
+                let repeated = try await store.createRecorded(
+                    uid: "u1", username: "mina", imagePath: nil, idempotencyKey: "k6", attempt: 6, correlationId: nil)
+                #expect(repeated.profile == created.profile)
+                #expect(try await outboxRows(store).count == 2, "abandoning records no event")
+            }
+        }
+
         @Test("a store that fails says so, and never answers \"no profile\"")
         func failureIsNotAbsence() async throws {
             let store = try await makeStore()

@@ -1,0 +1,65 @@
+import Foundation
+import Logging
+import Messaging
+import OnboardingAPI
+import OnboardingTesting
+import ProfileService
+import ServiceRuntime
+import Testing
+
+/// A create that its set-up gave up on can still be on its way: queued at a paused profile
+/// replica, or waiting for the database. Once the set-up has removed its image, such a create
+/// must not land, or the profile would point at an image that is gone (found by the chaos test
+/// with two replicas of every service).
+@Suite("A set-up's creates that arrive after its clean-up", .timeLimit(.minutes(2)))
+struct AbandonedCreateTests {
+    @Test("a create held up past its set-up's clean-up is refused when it lands, and the image stays removed")
+    func heldUpCreateIsRefused() async throws {
+        let configuration = InProcessSystem.Configuration(
+            leftOut: [.profile], orchestratorCallTimeout: .milliseconds(200),
+            orchestratorRetry: RetryPolicy(initial: .seconds(30), maximum: .seconds(30)))
+        try await InProcessSystem.run(configuration) { system in
+            // The profile store behind a replica that takes creates and sits on them.
+            let publisher = try await InProcessBus().publisher(at: "inproc://abandoned-create-events")
+            let store = ProfileStore(
+                writer: try ProfileStore.openDatabase(path: nil),
+                outbox: Outbox(source: ServiceName.profile, publisher: publisher), logger: Logger(label: "quiet") { _ in SwiftLogNoOpLogHandler() })
+            let profile = try await StandInService.start(on: system.bus, at: system.endpoints.profileRPC)
+            profile.fail(GetProfile.self, with: ServiceError(.timeout, "The stand-in profile store does not answer."))
+            profile.fail(EventsAfter.self, with: ServiceError(.timeout, "The stand-in profile store does not answer."))
+            profile.ignore(CreateProfile.self)
+            profile.answer(AbandonCreates.self) { request, message in
+                try await store.abandonCreates(uid: message.header.uid ?? "", through: request.throughAttempt)
+            }
+
+            let app = system.client()
+            let uid = try await app.signIn(provider: .google, subject: "held-up-\(UUID().uuidString)").uid
+            await expectCode(.dependencyUnavailable, reason: "profile") {
+                _ = try await app.setUpProfile(username: "held\(Int.random(in: 100...999))", image: pngBytes, contentType: "image/png")
+            }
+            #expect(system.storedImages(of: uid).isEmpty, "the set-up's image is removed")
+
+            let held = profile.requests(of: CreateProfile.self)
+            let abandoned = profile.requests(of: AbandonCreates.self)
+            // The client sends the set-up again after dependencyUnavailable: each try is a new
+            // attempt, and each ends by abandoning its creates (and every earlier try's); a try
+            // whose upload timed out (a busy machine) abandons too, having sent no create.
+            #expect(!held.isEmpty)
+            #expect(abandoned.count >= Set(held.compactMap(\.attempt)).count)
+            let abandonedThrough = try #require(abandoned.map(\.throughAttempt).max())
+            for create in held {
+                let attempt = try #require(create.attempt, "the orchestrator numbers its creates")
+                #expect(attempt <= abandonedThrough)
+                // The paused replica wakes up and hands the create to the store.
+                await expectCode(.invalidRequest, reason: "createAbandoned") {
+                    _ = try await store.createRecorded(
+                        uid: uid, username: create.username, imagePath: create.imagePath,
+                        idempotencyKey: create.idempotencyKey, attempt: create.attempt, correlationId: nil)
+                }
+            }
+            #expect(try await store.fetch(uid: uid) == nil)
+            #expect(profile.unexpectedRequests.isEmpty)
+            await profile.stop()
+        }
+    }
+}
