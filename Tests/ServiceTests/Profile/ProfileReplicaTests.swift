@@ -37,7 +37,15 @@ extension ProfileServiceTests {
                 #expect(try await second.call(GetProfile(), uid: "u1").profile == nil)
                 // Every listener of this schema is cut off; then a change is made that none hears.
                 try await terminateListeners(of: location)
-                _ = try await first.call(CreateProfile(username: "mina"), uid: "u1")
+                // The pool may lend a connection the server has just ended (storeUnavailable,
+                // "try again"): sent again, as a caller would.
+                _ = try await eventually {
+                    do {
+                        return try await first.call(CreateProfile(username: "mina", idempotencyKey: "k1"), uid: "u1")
+                    } catch let error as ServiceError where error.code == .storeUnavailable {
+                        return nil
+                    }
+                }
                 let seen = try await eventually { try await second.call(GetProfile(), uid: "u1").profile }
                 #expect(seen.username == "mina")
                 // Listening again: the next change is heard.
