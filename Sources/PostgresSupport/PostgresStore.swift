@@ -357,6 +357,11 @@ extension PostgresStore {
     /// `migrator`, runs `body` with the store, and shuts the pool once `body` has returned: a
     /// service's PostgreSQL database for as long as it runs.
     ///
+    /// The pool is shut only after the migrations and `body` have ended, also when the caller is
+    /// cancelled meanwhile (a stop during start-up): postgres-nio 1.33 leaves a query unanswered
+    /// forever when its connection is closed under a transaction that is still sending
+    /// statements, so shutting the pool under a migration would hang the stop.
+    ///
     /// - Throws: ``ServiceError`` `storeUnavailable` when the database cannot be reached or
     ///   migrated; what `body` throws.
     public static func withMigrated<T: Sendable>(
@@ -366,11 +371,20 @@ extension PostgresStore {
         let store = PostgresStore(
             location: location, applicationName: applicationName, timeout: timeout, maxConnections: maxConnections,
             logger: logger)
-        return try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await store.run() }
-            defer { group.cancelAll() }
+        // Not a child task: the caller's cancellation reaches the pool only through `shut`.
+        let pool = Task { await store.run() }
+        func shut() async {
+            pool.cancel()
+            await pool.value
+        }
+        do {
             try await store.migrate(migrator)
-            return try await body(store)
+            let result = try await body(store)
+            await shut()
+            return result
+        } catch {
+            await shut()
+            throw error
         }
     }
 }
