@@ -70,13 +70,20 @@ public final class FakeIdentityProvider: Sendable {
         state = Mutex(State(keys: keys))
     }
 
-    /// A fake with one new key per OpenID Connect provider.
+    /// A fake with one key per OpenID Connect provider. Every fake of a process starts with the
+    /// same keys, made once: a 2048-bit RSA key takes a good part of a second of one core in a
+    /// debug build, and a test run makes dozens of fakes at once. ``rotateKey(_:keepingOld:)``
+    /// makes new ones.
     public static func make() async throws -> FakeIdentityProvider {
+        FakeIdentityProvider(keys: try await firstKeys.value)
+    }
+
+    private static let firstKeys = Task { () throws -> [Provider: [FakeSigningKey]] in
         var keys: [Provider: [FakeSigningKey]] = [:]
         for provider in oidcProviders {
             keys[provider] = [try await FakeSigningKey.generate(id: "\(provider.rawValue)-key-1")]
         }
-        return FakeIdentityProvider(keys: keys)
+        return keys
     }
 
     /// A fake whose keys live in `file` (JSON: provider → the signing key's id and PEM), made

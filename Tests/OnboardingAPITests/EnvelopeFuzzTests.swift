@@ -17,13 +17,14 @@ struct EnvelopeFuzzTests {
     static let settings = FuzzSettings.fromEnvironment("envelope decoder", defaultIterations: 3_000, defaultSeed: 0xE17E_10FE)
 
     @Test("Malformed envelopes never crash the decoder and are refused with typed errors")
-    func fuzzDecoder() throws {
+    func fuzzDecoder() async throws {
         let settings = Self.settings
         print("[fuzz] \(settings)")
         let corpus = try DecoderCorpus()
         var tally = DecoderTally()
         var failing: [Int] = []
         for index in 0..<settings.iterations {
+            await letOtherTestsRun(every: 50, at: index)
             var random = FuzzRandom(seed: settings.seed, case: index)
             let fuzzCase = corpus.makeCase(&random)
             let entry = try #require(WireCatalog.byType[fuzzCase.type])

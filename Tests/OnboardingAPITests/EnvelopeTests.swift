@@ -108,9 +108,10 @@ struct WireEncoderTests {
     }
 
     @Test("random strings, optionals, arrays, dictionaries and enums encode to Foundation's bytes")
-    func matchesFoundation() throws {
+    func matchesFoundation() async throws {
         var random = FuzzRandom(seed: 20261123)
-        for _ in 0..<500 {
+        for index in 0..<500 {
+            await letOtherTestsRun(every: 25, at: index)
             let value = Mixed(
                 text: FuzzValues.string(&random), optional: random.next() % 2 == 0 ? nil : FuzzValues.string(&random),
                 missing: nil, flag: random.next() % 2 == 0,
@@ -132,7 +133,7 @@ struct WireEncoderTests {
     }
 
     @Test("the payloads that write themselves (WireWritable) write Foundation's bytes, alone and in envelopes")
-    func writablePayloads() throws {
+    func writablePayloads() async throws {
         var random = FuzzRandom(seed: 20261125)
         func check<Payload: Codable & Sendable & WireWritable>(_ payload: Payload) throws {
             let alone = try WireEncoder.encode(payload)
@@ -141,7 +142,8 @@ struct WireEncoderTests {
             #expect(try envelope.encoded() == WireFormat.encoder().encode(envelope))
         }
         func provider() -> Provider { Provider.allCases[Int(random.next() % UInt64(Provider.allCases.count))] }
-        for _ in 0..<300 {
+        for index in 0..<300 {
+            await letOtherTestsRun(every: 10, at: index)
             let uid = FuzzValues.string(&random)
             try check(SignInResult(uid: uid, sessionToken: FuzzValues.string(&random), provider: provider(), isNewAccount: random.next() % 2 == 0))
             try check(SignedIn(

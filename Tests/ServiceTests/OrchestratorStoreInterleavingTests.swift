@@ -32,7 +32,10 @@ struct OrchestratorStoreInterleavingTests {
         // Each case a fresh store; fewer on PostgreSQL, where each is a schema.
         try await withOrchestratorDatabase(kind) { database async throws in
             await propertyCheck(count: kind == .sqlite ? 150 : 40, input: Self.steps) { steps in
-                let problems = try await Self.run(steps, on: database)
+                // An error becomes a problem: the property library's report of a thrown error
+                // does not say what it was.
+                let problems: [String]
+                do { problems = try await Self.run(steps, on: database) } catch { problems = ["threw \(error)"] }
                 #expect(problems.isEmpty, "\(problems) after steps \(steps)")
             }
         }
