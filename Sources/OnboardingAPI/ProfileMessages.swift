@@ -55,6 +55,9 @@ public struct CreateProfile: APIRequest {
     /// `createAbandoned`), unless it repeats the key of the create that made the profile.
     public var attempt: UInt64?
 
+    /// The `reason` of the `invalidRequest` that refuses a create whose attempt was abandoned.
+    public static let abandonedReason = "createAbandoned"
+
     public init(username: String, imagePath: String? = nil, idempotencyKey: String? = nil, attempt: UInt64? = nil) {
         self.username = username
         self.imagePath = imagePath

@@ -24,8 +24,9 @@ extension Engine {
                 "A set-up for this person is already under way; send it again in a moment with the same idempotencyKey.")
         }
         defer { releaseSetUp(uid) }
-        let record = OrchestratorStore.Setup(uid: uid, idempotencyKey: key, username: saga.username)
-        let attempt = try await storage.beginSetup(record)
+        var record = OrchestratorStore.Setup(uid: uid, idempotencyKey: key, username: saga.username)
+        record.attempt = try await storage.beginSetup(record)
+        let attempt = record.attempt
         var service = ServiceName.profile
         var strayImagesLeft = false
         /// How new the profile store's last answer about the profile was.
@@ -96,7 +97,7 @@ extension Engine {
 
     private func endSetUp(_ record: OrchestratorStore.Setup) async {
         do {
-            try await storage.endSetup(uid: record.uid, idempotencyKey: record.idempotencyKey)
+            try await storage.endSetup(record)
         } catch {
             logger.warning("could not close the record of \(record.uid)'s set-up: \(error); it is settled again later")
         }

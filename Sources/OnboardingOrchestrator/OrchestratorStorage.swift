@@ -29,7 +29,9 @@ public protocol OrchestratorStorage: Sendable {
     /// Records that a set-up is under way, so that a crash leaves it to be settled.
     /// - Returns: its attempt (see ``SetUpRecord/attempt``), which replaces the record's.
     func beginSetup(_ setup: SetUpRecord) async throws -> UInt64
-    func endSetup(uid: String, idempotencyKey: String) async throws
+    /// Removes the record of a set-up that is over, unless a newer try of it (same key, higher
+    /// attempt) has begun since: that try's record stays until it is over too.
+    func endSetup(_ setup: SetUpRecord) async throws
     func unfinishedSetups() async throws -> [SetUpRecord]
 }
 
@@ -163,9 +165,9 @@ final class SQLiteOrchestratorStorage: OrchestratorStorage {
         try await withStore(database, logger: logger) { try OrchestratorStore.beginSetup(setup, in: $0) }
     }
 
-    func endSetup(uid: String, idempotencyKey: String) async throws {
+    func endSetup(_ setup: SetUpRecord) async throws {
         try await withStore(database, logger: logger) {
-            try OrchestratorStore.endSetup(uid: uid, idempotencyKey: idempotencyKey, in: $0)
+            try OrchestratorStore.endSetup(setup, in: $0)
         }
     }
 

@@ -306,8 +306,10 @@ package enum OrchestratorStore {
         return UInt64(attempt)
     }
 
-    static func endSetup(uid: String, idempotencyKey: String, in db: Database) throws {
-        try db.execute(sql: "DELETE FROM setup WHERE uid = ? AND idempotencyKey = ?", arguments: [uid, idempotencyKey])
+    static func endSetup(_ setup: Setup, in db: Database) throws {
+        try db.execute(
+            sql: "DELETE FROM setup WHERE uid = ? AND idempotencyKey = ? AND attempt = ?",
+            arguments: [setup.uid, setup.idempotencyKey, Int64(clamping: setup.attempt)])
     }
 
     static func unfinishedSetups(in db: Database) throws -> [Setup] {

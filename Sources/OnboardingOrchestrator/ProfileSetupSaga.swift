@@ -26,7 +26,7 @@ public struct ProfileSetupSaga: Sendable {
         case deleteStrayImages(keep: String?)
         case succeed(Profile)
         /// The set-up failed with `error`. `settled`: nothing it stored is left behind; when
-        /// `false`, the orchestrator keeps the set-up on record and finishes the clean-up later.
+        /// `false`, the set-up stays on record and is settled later (by whoever leads then).
         case fail(ServiceError, settled: Bool)
     }
 
@@ -79,6 +79,11 @@ public struct ProfileSetupSaga: Sendable {
             return .fail(error, settled: true)
         case .created(let profile):
             return .succeed(profile)
+        case .createFailed(let error) where error.reason == CreateProfile.abandonedReason:
+            // Someone else abandoned this try: the orchestrator that leads now (this one lost the
+            // lead) or a newer try of the same person. It settles the set-up; removing anything
+            // here could take an image from under its newer try. The caller sends it again.
+            return .fail(Self.takenOver, settled: false)
         case .createFailed(let error) where Self.outcomeUnknown(error):
             failure = error
             outcomeUnknown = true
@@ -106,6 +111,13 @@ public struct ProfileSetupSaga: Sendable {
             return .fail(reported, settled: false)
         }
     }
+
+    /// The answer to a try whose creates someone else abandoned: `storeUnavailable`, so clients
+    /// send the set-up again (with the same key), which makes a new try.
+    static let takenOver = ServiceError(
+        .storeUnavailable,
+        "This set-up was taken over and settled by another try (an orchestrator that leads now, or a newer set-up of this person); send it again with the same idempotencyKey.",
+        reason: "setUpTakenOver")
 
     private var reported: ServiceError { failure ?? ServiceError(.internalError, "The profile was not created.") }
 

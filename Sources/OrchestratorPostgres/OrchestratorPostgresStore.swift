@@ -302,41 +302,56 @@ final class OrchestratorPostgresStore: BufferedDecisionStore {
 
     // MARK: Set-ups
 
+    /// Only while this replica leads: one that lost the lead (without noticing yet) starts no
+    /// set-up, since the one that leads now settles every recorded set-up it is not running.
     func beginSetup(_ setup: SetUpRecord) async throws -> UInt64 {
-        let (logger, now) = (self.logger, Timestamp.now())
+        let (logger, now, epoch) = (self.logger, Timestamp.now(), self.epoch)
         return try await store.read { connection in
             let rows = try await connection.query(
                 """
                 INSERT INTO setup (uid, idempotency_key, username, started_at, attempt)
-                VALUES (\(setup.uid), \(setup.idempotencyKey), \(setup.username), \(now), nextval('setup_attempt'))
+                SELECT \(setup.uid), \(setup.idempotencyKey), \(setup.username), \(now), nextval('setup_attempt')
+                FROM leader WHERE id = 1 AND epoch = \(epoch)
                 ON CONFLICT (uid, idempotency_key) DO UPDATE
                   SET username = excluded.username, started_at = excluded.started_at, attempt = excluded.attempt
                 RETURNING attempt
                 """,
                 logger: logger)
             for try await attempt in rows.decode(Int64.self) { return UInt64(clamping: attempt) }
-            throw ServiceError(.internalError, "The orchestrator's store recorded a set-up without numbering it.")
+            throw Self.notLeading
         }
     }
 
-    func endSetup(uid: String, idempotencyKey: String) async throws {
-        let logger = self.logger
+    func endSetup(_ setup: SetUpRecord) async throws {
+        let (logger, attempt) = (self.logger, Int64(clamping: setup.attempt))
         try await store.read { connection in
             _ = try await connection.query(
-                "DELETE FROM setup WHERE uid = \(uid) AND idempotency_key = \(idempotencyKey)", logger: logger)
+                "DELETE FROM setup WHERE uid = \(setup.uid) AND idempotency_key = \(setup.idempotencyKey) AND attempt = \(attempt)",
+                logger: logger)
         }
     }
 
+    /// Only while this replica leads: the set-ups recorded are then those a crash, a lost lead or
+    /// an unreachable service left unfinished. (One that lost the lead would find the new
+    /// leader's set-ups under way, and abandon them.)
     func unfinishedSetups() async throws -> [SetUpRecord] {
-        let logger = self.logger
+        let (logger, epoch) = (self.logger, self.epoch)
         return try await store.read { connection in
             var setups: [SetUpRecord] = []
-            for try await (uid, key, username, attempt) in try await connection.query(
-                "SELECT uid, idempotency_key, username, attempt FROM setup", logger: logger
-            ).decode((String, String, String, Int64).self) {
+            var current: Int64?
+            for try await (term, uid, key, username, attempt) in try await connection.query(
+                "SELECT l.epoch, s.uid, s.idempotency_key, s.username, s.attempt FROM leader l LEFT JOIN setup s ON true WHERE l.id = 1",
+                logger: logger
+            ).decode((Int64, String?, String?, String?, Int64?).self) {
+                current = term
+                guard let uid, let key, let username, let attempt else { continue }
                 setups.append(SetUpRecord(uid: uid, idempotencyKey: key, username: username, attempt: UInt64(clamping: attempt)))
             }
+            guard current == epoch else { throw Self.notLeading }
             return setups
         }
     }
+
+    private static let notLeading = ServiceError(
+        .storeUnavailable, "Another orchestrator leads now; this one stops. Send the request again: the one that leads answers it.")
 }

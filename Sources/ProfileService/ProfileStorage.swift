@@ -173,7 +173,7 @@ package enum ProfileRules {
     package static let createAbandoned = ServiceError(
         .invalidRequest,
         "This create's attempt was abandoned (its set-up was given up and cleaned away); a new set-up makes a new attempt.",
-        reason: "createAbandoned")
+        reason: CreateProfile.abandonedReason)
 
     package static let profileNotFound = ServiceError(
         .profileNotFound, "This person has no profile to change; create it with profile.create.")

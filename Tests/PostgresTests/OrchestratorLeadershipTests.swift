@@ -70,7 +70,7 @@ struct OrchestratorLeadershipTests {
         }
     }
 
-    @Test("a replica whose lead was lost (its connection cut) cannot commit a decision once another leads")
+    @Test("a replica whose lead was lost (its connection cut) cannot commit a decision, begin a set-up or settle one once another leads")
     func fencedAfterLosingTheLead() async throws {
         try await TestPostgres.withSchema { location in
             let log = CapturedLog()
@@ -79,14 +79,24 @@ struct OrchestratorLeadershipTests {
             let second = OrchestratorPostgresDatabase(
                 location: location, maxConnections: 4, timeout: .seconds(15), leaseCheck: .milliseconds(50))
             let secondLeads = Latch(), secondMayStop = Latch()
+            let setUp = SetUpRecord(uid: "u1", idempotencyKey: "k1", username: "mina")
             try await first.withStorage(try await context(log.logger(label: "first"))) { storage in
                 let store = try #require(storage as? any BufferedDecisionStore)
                 try await store.commit(reading: ["u1"], restarting: false) { _ in }
+                let older = SetUpRecord(
+                    uid: setUp.uid, idempotencyKey: setUp.idempotencyKey, username: setUp.username,
+                    attempt: try await storage.beginSetup(setUp))
+                #expect(try await storage.unfinishedSetups() == [older])
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     group.addTask {
-                        try await second.withStorage(try await context(log.logger(label: "second"))) { _ in
+                        try await second.withStorage(try await context(log.logger(label: "second"))) { storage in
+                            // The same set-up, sent again to the replica that leads now.
+                            let newer = try await storage.beginSetup(setUp)
+                            #expect(newer > older.attempt)
                             secondLeads.open()
                             await secondMayStop.wait()
+                            // The first's end of its older try left the newer try's record alone.
+                            #expect(try await storage.unfinishedSetups().map(\.attempt) == [newer])
                         }
                     }
                     try await log.waitFor("standing by")
@@ -97,6 +107,13 @@ struct OrchestratorLeadershipTests {
                     }
                     #expect(refused?.code == .storeUnavailable)
                     #expect(refused?.message.contains("Another orchestrator leads now") == true)
+                    for (what, refusal) in [
+                        ("a set-up begun", await #expect(throws: ServiceError.self) { _ = try await storage.beginSetup(setUp) }),
+                        ("the set-ups to settle", await #expect(throws: ServiceError.self) { _ = try await storage.unfinishedSetups() }),
+                    ] {
+                        #expect(refusal?.code == .storeUnavailable, "\(what)")
+                    }
+                    try await storage.endSetup(older)
                     secondMayStop.open()
                     try await group.waitForAll()
                 }

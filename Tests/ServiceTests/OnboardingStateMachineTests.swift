@@ -521,6 +521,22 @@ struct ProfileSetupSagaTests {
         #expect(saga.next(after: .abandoned(someoneElses)) == .deleteStrayImages(keep: "u/b.png"))
     }
 
+    @Test("a try whose creates another abandoned removes nothing, stays on record, and is to be sent again")
+    func takenOver() throws {
+        let abandoned = ServiceError(.invalidRequest, "abandoned", reason: CreateProfile.abandonedReason)
+        for hasImage in [true, false] {
+            var saga = ProfileSetupSaga(username: "mina", hasImage: hasImage)
+            if saga.start() == .uploadImage { _ = saga.next(after: .uploaded(path: "u/a.png")) }
+            let step = saga.next(after: .createFailed(abandoned))
+            guard case .fail(let error, settled: false) = step else {
+                Issue.record("expected a failure left on record, got \(step)")
+                continue
+            }
+            #expect(error.reason == "setUpTakenOver")
+            #expect(ErrorCode.retryable.contains(error.code), "clients send it again")
+        }
+    }
+
     @Test("a refused upload fails the set-up with the uploader's reason; nothing was stored")
     func uploadFailure() {
         var saga = ProfileSetupSaga(username: "mina", hasImage: true)

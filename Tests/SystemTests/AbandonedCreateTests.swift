@@ -5,6 +5,7 @@ import OnboardingAPI
 import OnboardingTesting
 import ProfileService
 import ServiceRuntime
+import Synchronization
 import Testing
 
 /// A create that its set-up gave up on can still be on its way: queued at a paused profile
@@ -60,6 +61,57 @@ struct AbandonedCreateTests {
                 }
             }
             #expect(try await store.fetch(uid: uid) == nil)
+            #expect(profile.unexpectedRequests.isEmpty)
+            await profile.stop()
+        }
+    }
+
+    @Test("a set-up whose creates another try abandoned touches nothing and asks to be sent again; sent again, it succeeds")
+    func takenOverSetUpIsSentAgain() async throws {
+        let configuration = InProcessSystem.Configuration(leftOut: [.profile])
+        try await InProcessSystem.run(configuration) { system in
+            let publisher = try await InProcessBus().publisher(at: "inproc://taken-over-events")
+            let store = ProfileStore(
+                writer: try ProfileStore.openDatabase(path: nil),
+                outbox: Outbox(source: ServiceName.profile, publisher: publisher), logger: Logger(label: "quiet") { _ in SwiftLogNoOpLogHandler() })
+            let profile = try await StandInService.start(on: system.bus, at: system.endpoints.profileRPC)
+            profile.fail(EventsAfter.self, with: ServiceError(.timeout, "The stand-in profile store does not answer."))
+            profile.answer(GetProfile.self) { _, message in ProfileResult(profile: try await store.fetch(uid: message.header.uid ?? "")) }
+            profile.answer(AbandonCreates.self) { request, message in
+                try await store.abandonCreates(uid: message.header.uid ?? "", through: request.throughAttempt)
+            }
+            // The first create finds its try settled by another (as by an orchestrator that took the lead).
+            let first = Mutex(true)
+            profile.answer(CreateProfile.self) { request, message in
+                let uid = message.header.uid ?? ""
+                if first.withLock({ was in defer { was = false }; return was }) {
+                    _ = try await store.abandonCreates(uid: uid, through: request.attempt ?? 0)
+                }
+                let created = try await store.createRecorded(
+                    uid: uid, username: request.username, imagePath: request.imagePath,
+                    idempotencyKey: request.idempotencyKey, attempt: request.attempt)
+                return ProfileResult(profile: created.profile, asOfSequence: created.sequence)
+            }
+
+            let app = system.client()
+            let session = try await app.signIn(provider: .google, subject: "taken-over-\(UUID().uuidString)")
+            let (username, key) = ("taken\(Int.random(in: 100...999))", IdempotencyKey.make())
+            await expectCode(.storeUnavailable, reason: "setUpTakenOver") {
+                _ = try await system.bus.call(
+                    SetUpProfile(username: username, contentType: "image/png", idempotencyKey: key),
+                    to: system.endpoints.orchestratorRPC, source: "test", sessionToken: session.sessionToken,
+                    attachment: pngBytes, timeout: .seconds(30))
+            }
+            // The answered try asked nothing more of the profile store: whoever abandoned it settles it.
+            #expect(profile.requests(of: CreateProfile.self).count == 1)
+
+            let made = try await app.setUpProfile(username: username, image: pngBytes, contentType: "image/png", idempotencyKey: key)
+            #expect(made.username == username)
+            let creates = profile.requests(of: CreateProfile.self)
+            #expect(Set(creates.compactMap(\.attempt)).count == creates.count, "each try has an attempt of its own")
+            let path = try #require(made.imagePath)
+            #expect(system.storedImages(of: session.uid).contains(String(path.split(separator: "/").last ?? "")))
+            #expect(try await store.fetch(uid: session.uid) == made)
             #expect(profile.unexpectedRequests.isEmpty)
             await profile.stop()
         }
