@@ -166,19 +166,26 @@ extension Batch {
         return live
     }
 
-    /// At most once a second (``SessionPruneSchedule``): ends up to a batch of expired sessions
-    /// of accounts that are not signing in now (their own are the policy's), telling each such
-    /// account with `SignedOut`, carrying the correlation id of the batch's first sign-in. Rows
-    /// another transaction holds are skipped (another replica is pruning them).
+    /// At most once a second (``SessionPruneSchedule``): ends up to a batch of expired sessions,
+    /// oldest first, of accounts that are not signing in now (their own are the policy's),
+    /// telling each such account with `SignedOut`, carrying the correlation id of the batch's
+    /// first sign-in. Rows another transaction holds are skipped (another replica is pruning them).
+    ///
+    /// The oldest first, so that the scan starts at the expired end of `last_used_at`'s index and
+    /// stops at the cutoff: when nothing has expired it reads nothing. (Joined to `account` first,
+    /// the planner went through every session instead, inside the sign-in transaction: 80–120 ms
+    /// at 98,000 accounts on the bench's machine, where this takes 0.1 ms.)
     private mutating func pruneOthers(sparing jobs: [SignInJob]) throws {
         guard writer.pruning.isDue(at: now) else { return }
         let cutoff = writer.sessions.expiryCutoff(now: now)
         let rows = try transaction.rows(
             """
-            SELECT s.id, s.token, s.uid FROM session s JOIN account a ON a.uid = s.uid
+            SELECT s.id, s.token, s.uid FROM session s
             WHERE s.last_used_at <= \(cutoff)
-              AND (a.provider, a.subject) NOT IN (
-                SELECT * FROM unnest(\(jobs.map(\.provider.rawValue))::text[], \(jobs.map(\.subject))::text[]))
+              AND s.uid NOT IN (
+                SELECT a.uid FROM unnest(\(jobs.map(\.provider.rawValue))::text[], \(jobs.map(\.subject))::text[]) AS x(provider, subject)
+                JOIN account a ON a.provider = x.provider AND a.subject = x.subject)
+            ORDER BY s.last_used_at
             LIMIT \(Int64(SessionPruneSchedule.batch)) FOR UPDATE OF s SKIP LOCKED
             """)
         let stale: [(id: Int64, digest: String, uid: String)] = try rows.decode((Int64, String, String).self)
