@@ -21,17 +21,9 @@ struct AbandonedCreateTests {
             orchestratorRetry: RetryPolicy(initial: .seconds(30), maximum: .seconds(30)))
         try await InProcessSystem.run(configuration) { system in
             // The profile store behind a replica that takes creates and sits on them.
-            let publisher = try await InProcessBus().publisher(at: "inproc://abandoned-create-events")
-            let store = ProfileStore(
-                writer: try ProfileStore.openDatabase(path: nil),
-                outbox: Outbox(source: ServiceName.profile, publisher: publisher), logger: Logger(label: "quiet") { _ in SwiftLogNoOpLogHandler() })
-            let profile = try await StandInService.start(on: system.bus, at: system.endpoints.profileRPC)
+            let (store, profile) = try await standInProfile(in: system)
             profile.fail(GetProfile.self, with: ServiceError(.timeout, "The stand-in profile store does not answer."))
-            profile.fail(EventsAfter.self, with: ServiceError(.timeout, "The stand-in profile store does not answer."))
             profile.ignore(CreateProfile.self)
-            profile.answer(AbandonCreates.self) { request, message in
-                try await store.abandonCreates(uid: message.header.uid ?? "", through: request.throughAttempt)
-            }
 
             let session = try await system.client().signIn(provider: .google, subject: "held-up-\(UUID().uuidString)")
             let uid = session.uid
@@ -70,16 +62,8 @@ struct AbandonedCreateTests {
     func takenOverSetUpIsSentAgain() async throws {
         let configuration = InProcessSystem.Configuration(leftOut: [.profile])
         try await InProcessSystem.run(configuration) { system in
-            let publisher = try await InProcessBus().publisher(at: "inproc://taken-over-events")
-            let store = ProfileStore(
-                writer: try ProfileStore.openDatabase(path: nil),
-                outbox: Outbox(source: ServiceName.profile, publisher: publisher), logger: Logger(label: "quiet") { _ in SwiftLogNoOpLogHandler() })
-            let profile = try await StandInService.start(on: system.bus, at: system.endpoints.profileRPC)
-            profile.fail(EventsAfter.self, with: ServiceError(.timeout, "The stand-in profile store does not answer."))
+            let (store, profile) = try await standInProfile(in: system)
             profile.answer(GetProfile.self) { _, message in ProfileResult(profile: try await store.fetch(uid: message.header.uid ?? "")) }
-            profile.answer(AbandonCreates.self) { request, message in
-                try await store.abandonCreates(uid: message.header.uid ?? "", through: request.throughAttempt)
-            }
             // The first create finds its try settled by another (as by an orchestrator that took the lead).
             let first = Mutex(true)
             profile.answer(CreateProfile.self) { request, message in
@@ -116,4 +100,19 @@ struct AbandonedCreateTests {
             await profile.stop()
         }
     }
+}
+
+/// A stand-in at the profile service's endpoint with a profile store behind it that the test
+/// drives: `profile.abandonCreates` is answered by the store, the profile events are not.
+private func standInProfile(in system: InProcessSystem) async throws -> (ProfileStore, StandInService) {
+    let publisher = try await InProcessBus().publisher(at: Endpoint("inproc://stand-in-profile-events-\(UUID().uuidString)"))
+    let store = ProfileStore(
+        writer: try ProfileStore.openDatabase(path: nil),
+        outbox: Outbox(source: ServiceName.profile, publisher: publisher), logger: Logger(label: "quiet") { _ in SwiftLogNoOpLogHandler() })
+    let profile = try await StandInService.start(on: system.bus, at: system.endpoints.profileRPC)
+    profile.fail(EventsAfter.self, with: ServiceError(.timeout, "The stand-in profile store does not answer."))
+    profile.answer(AbandonCreates.self) { request, message in
+        try await store.abandonCreates(uid: message.header.uid ?? "", through: request.throughAttempt)
+    }
+    return (store, profile)
 }
