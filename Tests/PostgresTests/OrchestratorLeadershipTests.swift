@@ -112,6 +112,7 @@ struct OrchestratorLeadershipTests {
                         ("the set-ups to settle", await #expect(throws: ServiceError.self) { _ = try await storage.unfinishedSetups() }),
                     ] {
                         #expect(refusal?.code == .storeUnavailable, "\(what)")
+                        #expect(refusal?.message.contains("Another orchestrator leads now") == true, "\(what)")
                     }
                     try await storage.endSetup(older)
                     secondMayStop.open()

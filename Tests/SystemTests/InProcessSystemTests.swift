@@ -36,7 +36,8 @@ struct InProcessSystemTests {
         try await withThrowingTaskGroup(of: Void.self) { tasks in
             tasks.addTask { try await group.run() }
             try await bus.waitUntilAnswering(e.orchestratorRPC, source: "test", timeout: .seconds(30))
-            let client = e.client(bus)
+            // The orchestrator answers within its 100 ms call timeout; the client's own is for a loaded machine.
+            let client = e.client(bus, timeout: .seconds(30))
             _ = try await client.signIn(provider: .google, subject: "stopping")
             await expectCode(.dependencyUnavailable) { _ = try await client.checkNow() }
             // A retry now waits 30 s; shutting down must not wait for it.
