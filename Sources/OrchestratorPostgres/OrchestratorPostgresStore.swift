@@ -132,10 +132,7 @@ final class OrchestratorPostgresStore: BufferedDecisionStore {
                 withdrawn: withdrawn, cleanup: cleanup, intentId: intentId, intent: intent, reason: reason
             ).persisted
         }
-        guard current == epoch else {
-            throw ServiceError(
-                .storeUnavailable, "Another orchestrator leads now (term \(current.map(String.init) ?? "?")); this one stops deciding.")
-        }
+        guard current == epoch else { throw notLeading(current) }
         return people
     }
 
@@ -318,7 +315,7 @@ final class OrchestratorPostgresStore: BufferedDecisionStore {
                 """,
                 logger: logger)
             for try await attempt in rows.decode(Int64.self) { return UInt64(clamping: attempt) }
-            throw Self.notLeading
+            throw Self.notLeading(nil)
         }
     }
 
@@ -347,11 +344,16 @@ final class OrchestratorPostgresStore: BufferedDecisionStore {
                 guard let uid, let key, let username, let attempt else { continue }
                 setups.append(SetUpRecord(uid: uid, idempotencyKey: key, username: username, attempt: UInt64(clamping: attempt)))
             }
-            guard current == epoch else { throw Self.notLeading }
+            guard current == epoch else { throw Self.notLeading(current) }
             return setups
         }
     }
 
-    private static let notLeading = ServiceError(
-        .storeUnavailable, "Another orchestrator leads now; this one stops. Send the request again: the one that leads answers it.")
+    /// What a replica that lost the lead answers when it would decide, begin a set-up or settle
+    /// one: `current` is the term the store holds (`nil`: not read).
+    private static func notLeading(_ current: Int64?) -> ServiceError {
+        ServiceError(
+            .storeUnavailable,
+            "Another orchestrator leads now (term \(current.map(String.init) ?? "?")); this one stops. Send the request again: the one that leads answers it.")
+    }
 }
