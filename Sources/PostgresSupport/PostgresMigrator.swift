@@ -32,12 +32,20 @@ public struct PostgresMigrator: Sendable {
 
     /// Applies the migrations that `client`'s database has not recorded yet.
     ///
+    /// - Parameter began: given the server process of the migration's connection
+    ///   (`pg_backend_pid()`) once its transaction has begun, before it waits for the lock
+    ///   (``PostgresStore/migrate(_:patience:)`` watches that process).
     /// - Returns: the names of those applied now, in order (empty when none was missing).
     @discardableResult
-    public func migrate(_ client: PostgresClient, logger: Logger) async throws -> [String] {
+    public func migrate(
+        _ client: PostgresClient, logger: Logger, began: @escaping @Sendable (_ backend: Int32) -> Void = { _ in }
+    ) async throws -> [String] {
         let schema = self.schema
         let migrations = self.migrations
         return try await client.withTransaction(logger: logger) { connection -> [String] in
+            for try await backend in try await connection.query("SELECT pg_backend_pid()", logger: logger).decode(Int32.self) {
+                began(backend)
+            }
             try await connection.query("SELECT pg_advisory_xact_lock(hashtextextended(\("onboarding.migrate." + schema), 0))", logger: logger)
             try await connection.query(PostgresQuery(unsafeSQL: "CREATE SCHEMA IF NOT EXISTS \(schema)"), logger: logger)
             try await connection.query(PostgresQuery(unsafeSQL: "SET LOCAL search_path TO \(schema)"), logger: logger)

@@ -81,10 +81,14 @@ public final class PostgresStore: Sendable {
     private let started = Latch()
 
     /// Applies `migrator`'s missing migrations (once ``run()`` has started the pool), waiting up
-    /// to `patience` for the server to answer (a service and its database often start together).
+    /// to `patience` for the server to answer (a service and its database often start together,
+    /// and a database may restart while the service starts).
     ///
-    /// Only a server that cannot be reached is waited for; a migration that fails (bad SQL, a
-    /// missing privilege) fails at once. A migration may take as long as it needs.
+    /// A migration may take as long as it needs while its connection's server process is alive
+    /// (``watchedMigration(_:)``). When the server cannot be reached, or the migration's
+    /// connection is lost, the migration is tried again (its transaction was rolled back) until
+    /// `patience` has passed. A migration that fails at the server (bad SQL, a missing privilege)
+    /// fails at once.
     ///
     /// - Throws: ``ServiceError`` `storeUnavailable` naming the database.
     @discardableResult
@@ -93,12 +97,12 @@ public final class PostgresStore: Sendable {
         let clock = ContinuousClock()
         let deadline = clock.now + patience
         var delay = Duration.milliseconds(100)
-        // Reached first (bounded, retried), then migrated (unbounded: holding the advisory lock).
         while true {
             do {
-                _ = try await withinTimeout(timeout) { try await self.client.query("SELECT 1", logger: self.logger) }
-                break
-            } catch {
+                let applied = try await watchedMigration(migrator)
+                if !applied.isEmpty { logger.notice("PostgreSQL migrations applied: \(applied.joined(separator: ", "))") }
+                return applied
+            } catch let error where Self.isConnectionFailure(error) {
                 guard clock.now + delay < deadline, !Task.isCancelled else {
                     throw ServiceError(
                         .storeUnavailable,
@@ -107,17 +111,86 @@ public final class PostgresStore: Sendable {
                 logger.warning("PostgreSQL at \(location) is not ready (\(Self.describe(error))); trying again in \(delay)")
                 try await Task.sleep(for: delay)
                 delay = min(delay * 2, .seconds(2))
+            } catch is CancellationError {
+                throw CancellationError()
+            } catch {
+                throw ServiceError(
+                    .storeUnavailable,
+                    "Cannot migrate the database at \(location): \(Self.describe(error)). May this user create the schema?")
             }
         }
-        do {
-            let applied = try await migrator.migrate(client, logger: logger)
-            if !applied.isEmpty { logger.notice("PostgreSQL migrations applied: \(applied.joined(separator: ", "))") }
-            return applied
-        } catch {
-            throw ServiceError(
-                .storeUnavailable,
-                "Cannot migrate the database at \(location): \(Self.describe(error)). May this user create the schema?")
+    }
+
+    /// `migrator`'s run, given up on once nothing can come of it: when it has not begun within
+    /// ``timeout`` (no connection), or when a look every ``timeout`` finds its connection's
+    /// server process gone or gets no answer. postgres-nio 1.33 can leave a query unanswered
+    /// forever on a connection the server ended, and a migration left waiting would hold the
+    /// service's start (and its stop) for good.
+    ///
+    /// Given up, the migration's task is cancelled and left behind, with its connection.
+    ///
+    /// - Throws: what the migration threw; ``ServiceError`` `timeout` when it was given up on.
+    private func watchedMigration(_ migrator: PostgresMigrator) async throws -> [String] {
+        let race = FirstResult<[String]>()
+        let backend = ServerProcess()
+        let worker = Task(executorPreference: executor) { [client, logger] in
+            do {
+                race.finish(.success(try await migrator.migrate(client, logger: logger) { backend.pid.store($0, ordering: .releasing) }))
+            } catch {
+                race.finish(.failure(error))
+            }
         }
+        let limit = timeout
+        let watchdog = Task {
+            while true {
+                do { try await Task.sleep(for: limit) } catch { return }
+                let pid = backend.pid.load(ordering: .acquiring)
+                if pid != 0, (try? await isRunning(serverProcess: pid)) == true { continue }
+                race.finish(
+                    .failure(
+                        ServiceError(
+                            .timeout,
+                            pid == 0
+                                ? "no connection within \(limit)"
+                                : "the migration's connection (server process \(pid)) was lost")))
+                worker.cancel()
+                return
+            }
+        }
+        defer { watchdog.cancel() }
+        return try await withTaskCancellationHandler {
+            try await race.value()
+        } onCancel: {
+            race.finish(.failure(CancellationError()))
+            worker.cancel()
+        }
+    }
+
+    /// A server process's number (`pg_backend_pid()`), once known; 0 until then.
+    private final class ServerProcess: Sendable {
+        let pid = Atomic<Int32>(0)
+    }
+
+    /// Whether the server still runs the process `pid` (a connection's backend).
+    private func isRunning(serverProcess pid: Int32) async throws -> Bool {
+        try await read { connection in
+            let rows = try await connection.query(
+                "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = \(pid))", logger: self.logger)
+            for try await running in rows.decode(Bool.self) { return running }
+            return false
+        }
+    }
+
+    /// Whether `error` says the server could not be reached or the connection was lost (worth
+    /// another try) rather than that the server refused what was sent.
+    static func isConnectionFailure(_ error: any Error) -> Bool {
+        let cause = (error as? PostgresTransactionError)?.closureError ?? error
+        if let error = cause as? ServiceError { return error.code == .timeout }
+        guard let error = cause as? PSQLError else { return false }
+        guard error.code == .server else { return true }
+        // Connection exceptions (08…), and a server shutting down or starting (57P01–57P03).
+        let state = error.serverInfo?[.sqlState] ?? ""
+        return state.hasPrefix("08") || ["57P01", "57P02", "57P03"].contains(state)
     }
 
     /// Runs `body` in one transaction: committed when it returns, rolled back when it throws.
@@ -360,7 +433,9 @@ extension PostgresStore {
     /// The pool is shut only after the migrations and `body` have ended, also when the caller is
     /// cancelled meanwhile (a stop during start-up): postgres-nio 1.33 leaves a query unanswered
     /// forever when its connection is closed under a transaction that is still sending
-    /// statements, so shutting the pool under a migration would hang the stop.
+    /// statements, so shutting the pool under a migration would hang the stop. Even so, the
+    /// pool is waited for at most ``timeout`` once it is told to shut (a migration given up on
+    /// keeps its connection): past that, a warning, and the service stops without it.
     ///
     /// - Throws: ``ServiceError`` `storeUnavailable` when the database cannot be reached or
     ///   migrated; what `body` throws.
@@ -375,7 +450,12 @@ extension PostgresStore {
         let pool = Task { await store.run() }
         func shut() async {
             pool.cancel()
-            await pool.value
+            do {
+                try await store.withinTimeout(timeout) { await pool.value }
+            } catch {
+                logger.warning(
+                    "The PostgreSQL pool for \(location) did not close within \(timeout) (a connection is still busy); stopping without it")
+            }
         }
         do {
             try await store.migrate(migrator)

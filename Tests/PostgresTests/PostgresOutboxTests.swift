@@ -68,6 +68,36 @@ struct PostgresOutboxTests {
         }
     }
 
+    @Test("a migration may outlast the store's time limit, and one whose connection is lost is tried again")
+    func watchedMigration() async throws {
+        try await withTestSchema { client, location in
+            let name = "test-migration-\(UInt32.random(in: 0...UInt32.max))"
+            let store = PostgresStore(location: location, applicationName: name, timeout: .milliseconds(300), logger: quietLogger)
+            let running = Task { await store.run() }
+            defer { running.cancel() }
+            var migrator = try PostgresMigrator(schema: location.schema)
+            migrator.register("slow", ["SELECT pg_sleep(1)"])
+            // Ends the first try's server process while it sleeps, as a database restart would.
+            let ended = Task {
+                while true {
+                    let rows = try await client.query(
+                        """
+                        SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                        WHERE application_name = \(name) AND query = 'SELECT pg_sleep(1)' AND state = 'active'
+                        """, logger: quietLogger)
+                    for try await terminated in rows.decode(Bool.self) where terminated { return }
+                    try await Task.sleep(for: .milliseconds(20))
+                }
+            }
+            let applied = try await store.migrate(migrator, patience: .seconds(20))
+            try await ended.value
+            #expect(applied == ["slow"], "the second try, sleeping past the 300 ms limit, applied it")
+            let recorded = try await client.query(
+                PostgresQuery(unsafeSQL: "SELECT count(*)::int FROM \(location.schema).migration WHERE name = 'slow'"), logger: quietLogger)
+            for try await count in recorded.decode(Int.self) { #expect(count == 1) }
+        }
+    }
+
     @Test("appends from concurrent transactions get dense numbers, and a reader never sees one before the one below it")
     func denseSequences() async throws {
         try await withTestSchema { client, location in
