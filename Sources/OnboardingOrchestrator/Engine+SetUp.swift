@@ -67,7 +67,9 @@ extension Engine {
                     step = saga.next(after: .abandonFailed(Self.serviceError(error)))
                 }
             case .deleteStrayImages(let keep):
-                let outcome = await deleteImages(uid: uid, saga: &saga) { try await self.call(DeleteAllImages(keep: keep), to: self.configuration.imageRPC, uid: uid, retrying: true) }
+                let outcome = await deleteImages(of: record, saga: &saga) {
+                    try await self.call(DeleteAllImages(keep: keep), to: self.configuration.imageRPC, uid: uid, retrying: true)
+                }
                 step = outcome.next
                 if !outcome.removed { strayImagesLeft = true }
             case .succeed(let profile):
@@ -83,14 +85,20 @@ extension Engine {
         }
     }
 
+    /// Removes the images of `record`'s person with `delete`, once the store says the set-up is
+    /// still this try's (``OrchestratorStorage/isCurrentSetup(_:)``).
     private func deleteImages(
-        uid: String, saga: inout ProfileSetupSaga, _ delete: @Sendable () async throws -> DeletedImages
+        of record: OrchestratorStore.Setup, saga: inout ProfileSetupSaga, _ delete: @Sendable () async throws -> DeletedImages
     ) async -> (next: ProfileSetupSaga.Step, removed: Bool) {
         do {
+            guard try await storage.isCurrentSetup(record) else {
+                logger.notice("\(record.uid)'s set-up (attempt \(record.attempt)) was taken over; its images are left to the newer try")
+                return (saga.next(after: .takenOver), false)
+            }
             _ = try await delete()
             return (saga.next(after: .imagesDeleted), true)
         } catch {
-            logger.error("could not remove the image(s) of \(uid)'s unfinished set-up: \(error); will try again")
+            logger.error("could not remove the image(s) of \(record.uid)'s unfinished set-up: \(error); will try again")
             return (saga.next(after: .imageDeleteFailed(Self.serviceError(error))), false)
         }
     }
@@ -107,28 +115,41 @@ extension Engine {
     private func releaseSetUp(_ uid: String) { _ = settingUp.withLock { $0.remove(uid) } }
 
     /// Settles set-ups that a crash or an unreachable service left unfinished, every few seconds
-    /// until cancelled. First their creates are abandoned (none still on its way can land after),
-    /// then: a profile with the set-up's username means it went through (`dismiss`, and stray
-    /// images are removed); no profile means every image of the person is removed.
+    /// until cancelled, a person at a time, through the person's newest try: its creates are
+    /// abandoned, and with them every earlier try's (attempts only grow), so none still on its
+    /// way can land after. Then a profile with a try's username means it went through
+    /// (`dismiss`); either way every image of the person but the profile's is removed, and the
+    /// person's records through that try are closed.
     func settleSetUps(every interval: Duration = .seconds(2)) async {
         repeat {
-            let unfinished = (try? await storage.unfinishedSetups()) ?? []
-            for record in unfinished where claimSetUp(record.uid) {
-                defer { releaseSetUp(record.uid) }
+            let unfinished = Dictionary(grouping: (try? await storage.unfinishedSetups()) ?? [], by: \.uid)
+            for (uid, tries) in unfinished where claimSetUp(uid) {
+                defer { releaseSetUp(uid) }
+                guard let record = tries.max(by: { $0.attempt < $1.attempt }) else { continue }
                 do {
                     // A record from before attempts were numbered (0) has no creates to abandon.
                     let found = record.attempt > 0
-                        ? try await call(AbandonCreates(throughAttempt: record.attempt), to: configuration.profileRPC, uid: record.uid)
-                        : try await call(GetProfile(), to: configuration.profileRPC, uid: record.uid)
+                        ? try await call(AbandonCreates(throughAttempt: record.attempt), to: configuration.profileRPC, uid: uid)
+                        : try await call(GetProfile(), to: configuration.profileRPC, uid: uid)
                     let profile = found.profile
-                    if let profile, profile.username == record.username {
-                        try await sendAndWait([.profileCreated(uid: record.uid, asOf: found.asOfSequence)])
+                    if let profile, tries.contains(where: { $0.username == profile.username }) {
+                        try await sendAndWait([.profileCreated(uid: uid, asOf: found.asOfSequence)])
                     }
-                    _ = try await call(DeleteAllImages(keep: profile?.imagePath), to: configuration.imageRPC, uid: record.uid)
-                    await endSetUp(record)
-                    logger.info("settled the unfinished set-up of \(record.uid) (\(profile == nil ? "undone" : "completed"))")
+                    // A newer try of the person may have begun (and stored an image) since the
+                    // list was read, or another orchestrator leads now: it is theirs to settle.
+                    guard try await storage.isCurrentSetup(record) else {
+                        logger.notice("the unfinished set-up of \(uid) (attempt \(record.attempt)) was taken over; left to the newer try")
+                        continue
+                    }
+                    _ = try await call(DeleteAllImages(keep: profile?.imagePath), to: configuration.imageRPC, uid: uid)
+                    do {
+                        try await storage.endSetups(of: uid, through: record.attempt)
+                    } catch {
+                        logger.warning("could not close the records of \(uid)'s set-ups: \(error); they are settled again later")
+                    }
+                    logger.info("settled the unfinished set-up of \(uid) (\(profile == nil ? "undone" : "completed"))")
                 } catch {
-                    logger.warning("could not settle the unfinished set-up of \(record.uid) yet: \(error)")
+                    logger.warning("could not settle the unfinished set-up of \(uid) yet: \(error)")
                 }
             }
         } while (try? await Task.sleep(for: interval)) != nil

@@ -32,7 +32,14 @@ public protocol OrchestratorStorage: Sendable {
     /// Removes the record of a set-up that is over, unless a newer try of it (same key, higher
     /// attempt) has begun since: that try's record stays until it is over too.
     func endSetup(_ setup: SetUpRecord) async throws
+    /// Removes the records of `uid`'s set-ups with an attempt at or below `attempt`: settled
+    /// together by settling the newest of them.
+    func endSetups(of uid: String, through attempt: UInt64) async throws
     func unfinishedSetups() async throws -> [SetUpRecord]
+    /// Whether `setup` is still its person's newest set-up on record, at its attempt (no newer
+    /// try of that person has begun, and nobody has settled it) and, with replicas, this one
+    /// still leads: asked before removing the person's images, which a newer try may have stored.
+    func isCurrentSetup(_ setup: SetUpRecord) async throws -> Bool
 }
 
 /// A set-up under way, recorded so that one a crash interrupts is settled later.
@@ -173,6 +180,14 @@ final class SQLiteOrchestratorStorage: OrchestratorStorage {
 
     func unfinishedSetups() async throws -> [SetUpRecord] {
         try await withStore(database, write: false, logger: logger) { try OrchestratorStore.unfinishedSetups(in: $0) }
+    }
+
+    func endSetups(of uid: String, through attempt: UInt64) async throws {
+        try await withStore(database, logger: logger) { try OrchestratorStore.endSetups(of: uid, through: attempt, in: $0) }
+    }
+
+    func isCurrentSetup(_ setup: SetUpRecord) async throws -> Bool {
+        try await withStore(database, write: false, logger: logger) { try OrchestratorStore.isCurrentSetup(setup, in: $0) }
     }
 }
 

@@ -312,6 +312,22 @@ package enum OrchestratorStore {
             arguments: [setup.uid, setup.idempotencyKey, Int64(clamping: setup.attempt)])
     }
 
+    static func endSetups(of uid: String, through attempt: UInt64, in db: Database) throws {
+        try db.execute(
+            sql: "DELETE FROM setup WHERE uid = ? AND attempt <= ?", arguments: [uid, Int64(clamping: attempt)])
+    }
+
+    static func isCurrentSetup(_ setup: Setup, in db: Database) throws -> Bool {
+        let attempt = Int64(clamping: setup.attempt)
+        return try Bool.fetchOne(
+            db,
+            sql: """
+                SELECT EXISTS (SELECT 1 FROM setup WHERE uid = ? AND idempotencyKey = ? AND attempt = ?)
+                   AND NOT EXISTS (SELECT 1 FROM setup WHERE uid = ? AND attempt > ?)
+                """,
+            arguments: [setup.uid, setup.idempotencyKey, attempt, setup.uid, attempt]) ?? false
+    }
+
     static func unfinishedSetups(in db: Database) throws -> [Setup] {
         try Row.fetchAll(db, sql: "SELECT uid, idempotencyKey, username, attempt FROM setup").map {
             Setup(

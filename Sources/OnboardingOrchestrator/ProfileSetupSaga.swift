@@ -40,6 +40,9 @@ public struct ProfileSetupSaga: Sendable {
         case abandonFailed(ServiceError)
         case imagesDeleted
         case imageDeleteFailed(ServiceError)
+        /// Before removing images, the set-up was found no longer this try's (a newer try of the
+        /// person has begun, or another orchestrator leads and settles it): nothing was removed.
+        case takenOver
     }
 
     public let username: String
@@ -109,6 +112,10 @@ public struct ProfileSetupSaga: Sendable {
             // Strays stay on record and are removed later; a profile that exists is still a success.
             if let found { return .succeed(found) }
             return .fail(reported, settled: false)
+        case .takenOver:
+            // Whoever has the set-up now removes what is stray; a profile that exists is still a success.
+            if let found { return .succeed(found) }
+            return .fail(Self.takenOver, settled: false)
         }
     }
 

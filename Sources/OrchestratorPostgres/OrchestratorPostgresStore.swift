@@ -349,6 +349,29 @@ final class OrchestratorPostgresStore: BufferedDecisionStore {
         }
     }
 
+    func endSetups(of uid: String, through attempt: UInt64) async throws {
+        let (logger, attempt) = (self.logger, Int64(clamping: attempt))
+        try await store.read { connection in
+            _ = try await connection.query("DELETE FROM setup WHERE uid = \(uid) AND attempt <= \(attempt)", logger: logger)
+        }
+    }
+
+    /// `false` also when this replica no longer leads: the one that leads settles the set-up.
+    func isCurrentSetup(_ setup: SetUpRecord) async throws -> Bool {
+        let (logger, epoch, attempt) = (self.logger, self.epoch, Int64(clamping: setup.attempt))
+        return try await store.read { connection in
+            let rows = try await connection.query(
+                """
+                SELECT EXISTS (SELECT FROM setup WHERE uid = \(setup.uid) AND idempotency_key = \(setup.idempotencyKey) AND attempt = \(attempt))
+                   AND NOT EXISTS (SELECT FROM setup WHERE uid = \(setup.uid) AND attempt > \(attempt))
+                FROM leader WHERE id = 1 AND epoch = \(epoch)
+                """,
+                logger: logger)
+            for try await current in rows.decode(Bool.self) { return current }
+            return false
+        }
+    }
+
     /// What a replica that lost the lead answers when it would decide, begin a set-up or settle
     /// one: `current` is the term the store holds (`nil`: not read).
     private static func notLeading(_ current: Int64?) -> ServiceError {

@@ -79,6 +79,7 @@ struct OrchestratorLeadershipTests {
             let second = OrchestratorPostgresDatabase(
                 location: location, maxConnections: 4, timeout: .seconds(15), leaseCheck: .milliseconds(50))
             let secondLeads = Latch(), secondMayStop = Latch()
+            let newest = NewestAttempt()
             let setUp = SetUpRecord(uid: "u1", idempotencyKey: "k1", username: "mina")
             try await first.withStorage(try await context(log.logger(label: "first"))) { storage in
                 let store = try #require(storage as? any BufferedDecisionStore)
@@ -93,6 +94,10 @@ struct OrchestratorLeadershipTests {
                             // The same set-up, sent again to the replica that leads now.
                             let newer = try await storage.beginSetup(setUp)
                             #expect(newer > older.attempt)
+                            var newerTry = setUp
+                            newerTry.attempt = newer
+                            #expect(try await storage.isCurrentSetup(newerTry))
+                            newest.value.store(newer, ordering: .releasing)
                             secondLeads.open()
                             await secondMayStop.wait()
                             // The first's end of its older try left the newer try's record alone.
@@ -114,6 +119,10 @@ struct OrchestratorLeadershipTests {
                         #expect(refusal?.code == .storeUnavailable, "\(what)")
                         #expect(refusal?.message.contains("Another orchestrator leads now") == true, "\(what)")
                     }
+                    // Not even the newest try is the old leader's to settle (its images are not its to remove).
+                    var newerTry = setUp
+                    newerTry.attempt = newest.value.load(ordering: .acquiring)
+                    #expect(!(try await storage.isCurrentSetup(newerTry)), "a replica that lost the lead settles nothing")
                     try await storage.endSetup(older)
                     secondMayStop.open()
                     try await group.waitForAll()
@@ -199,4 +208,9 @@ final class CapturedLog: Sendable {
             log.messages.withLock { $0.append(event.message.description) }
         }
     }
+}
+
+/// The attempt the replica that leads now gave its try, for the one that lost the lead to ask about.
+private final class NewestAttempt: Sendable {
+    let value = Atomic<UInt64>(0)
 }

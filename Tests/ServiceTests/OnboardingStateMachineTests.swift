@@ -537,6 +537,24 @@ struct ProfileSetupSagaTests {
         }
     }
 
+    @Test("a try found no longer current before removing images removes nothing: a profile found is still a success")
+    func takenOverBeforeRemoving() {
+        var missing = ProfileSetupSaga(username: "mina", hasImage: true)
+        _ = missing.start()
+        _ = missing.next(after: .uploaded(path: "u/a.png"))
+        _ = missing.next(after: .createFailed(slow))
+        #expect(missing.next(after: .abandoned(nil)) == .deleteStrayImages(keep: nil))
+        #expect(missing.next(after: .takenOver) == .fail(ProfileSetupSaga.takenOver, settled: false))
+
+        var found = ProfileSetupSaga(username: "mina", hasImage: true)
+        _ = found.start()
+        _ = found.next(after: .uploaded(path: "u/new.png"))
+        _ = found.next(after: .createFailed(slow))
+        let earlier = Profile(uid: "u", username: "mina", imagePath: "u/old.png", createdAt: "t", updatedAt: "t")
+        #expect(found.next(after: .abandoned(earlier)) == .deleteStrayImages(keep: "u/old.png"))
+        #expect(found.next(after: .takenOver) == .succeed(earlier))
+    }
+
     @Test("a refused upload fails the set-up with the uploader's reason; nothing was stored")
     func uploadFailure() {
         var saga = ProfileSetupSaga(username: "mina", hasImage: true)
