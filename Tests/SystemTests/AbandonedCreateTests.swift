@@ -8,6 +8,8 @@ import ServiceRuntime
 import Synchronization
 import Testing
 
+@testable import OnboardingOrchestrator
+
 /// A create that its set-up gave up on can still be on its way: queued at a paused profile
 /// replica, or waiting for the database. Once the set-up has removed its image, such a create
 /// must not land, or the profile would point at an image that is gone (found by the chaos test
@@ -97,6 +99,46 @@ struct AbandonedCreateTests {
             #expect(system.storedImages(of: session.uid).contains(String(path.split(separator: "/").last ?? "")))
             #expect(try await store.fetch(uid: session.uid) == made)
             #expect(profile.unexpectedRequests.isEmpty)
+            await profile.stop()
+        }
+    }
+
+    @Test("a try that finds a newer try of its person on record before removing images removes nothing, and asks to be sent again")
+    func newerTryKeepsTheImages() async throws {
+        let configuration = InProcessSystem.Configuration(leftOut: [.profile])
+        try await InProcessSystem.run(configuration) { system in
+            let (store, profile) = try await standInProfile(in: system)
+            // Refused for good: the try abandons its creates and would then remove its image.
+            profile.fail(CreateProfile.self, with: ServiceError(.usernameTaken, "Someone else already has this username.", reason: "taken"))
+            // While it abandons, a newer try of the same person begins (as at an orchestrator that
+            // took the lead). Later abandons (the settle loop's) fail, so nothing settles the person
+            // behind the test's back.
+            let orchestrator = SQLiteOrchestratorDatabase(path: system.directory.appendingPathComponent("orchestrator.sqlite").path)
+            let publisher = try await InProcessBus().publisher(at: Endpoint("inproc://newer-try-\(UUID().uuidString)"))
+            defer { publisher.close() }
+            let context = OrchestratorStorageContext(
+                publisher: publisher, retention: Outbox.Retention(), logger: Logger(label: "quiet") { _ in SwiftLogNoOpLogHandler() })
+            let first = Mutex(true)
+            profile.answer(AbandonCreates.self) { request, message in
+                let uid = message.header.uid ?? ""
+                guard first.withLock({ was in defer { was = false }; return was }) else {
+                    throw ServiceError(.timeout, "The stand-in profile store does not answer.")
+                }
+                try await orchestrator.withStorage(context) { storage in
+                    _ = try await storage.beginSetup(SetUpRecord(uid: uid, idempotencyKey: IdempotencyKey.make(), username: "newer"))
+                }
+                return try await store.abandonCreates(uid: uid, through: request.throughAttempt)
+            }
+
+            let session = try await system.client().signIn(provider: .google, subject: "newer-try-\(UUID().uuidString)")
+            await expectCode(.storeUnavailable, reason: "setUpTakenOver") {
+                _ = try await system.bus.call(
+                    SetUpProfile(username: "older\(Int.random(in: 100...999))", contentType: "image/png"),
+                    to: system.endpoints.orchestratorRPC, source: "test", sessionToken: session.sessionToken,
+                    attachment: pngBytes, timeout: .seconds(30))
+            }
+            #expect(!system.storedImages(of: session.uid).isEmpty, "the image (and its thumbnail) stay: the newer try settles the person")
+            #expect(profile.requests(of: AbandonCreates.self).count >= 1)
             await profile.stop()
         }
     }
