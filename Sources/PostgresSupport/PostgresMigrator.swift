@@ -33,18 +33,21 @@ public struct PostgresMigrator: Sendable {
     /// Applies the migrations that `client`'s database has not recorded yet.
     ///
     /// - Parameter began: given the server process of the migration's connection
-    ///   (`pg_backend_pid()`) once its transaction has begun, before it waits for the lock
-    ///   (``PostgresStore/migrate(_:patience:)`` watches that process).
+    ///   (`pg_backend_pid()`, and when it started) once its transaction has begun, before it
+    ///   waits for the lock (``PostgresStore/migrate(_:patience:)`` watches that process).
     /// - Returns: the names of those applied now, in order (empty when none was missing).
     @discardableResult
     public func migrate(
-        _ client: PostgresClient, logger: Logger, began: @escaping @Sendable (_ backend: Int32) -> Void = { _ in }
+        _ client: PostgresClient, logger: Logger,
+        began: @escaping @Sendable (_ backend: Int32, _ since: String) -> Void = { _, _ in }
     ) async throws -> [String] {
         let schema = self.schema
         let migrations = self.migrations
         return try await client.withTransaction(logger: logger) { connection -> [String] in
-            for try await backend in try await connection.query("SELECT pg_backend_pid()", logger: logger).decode(Int32.self) {
-                began(backend)
+            for try await (backend, since) in try await connection.query(
+                "SELECT pid, backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()", logger: logger
+            ).decode((Int32, String).self) {
+                began(backend, since)
             }
             try await connection.query("SELECT pg_advisory_xact_lock(hashtextextended(\("onboarding.migrate." + schema), 0))", logger: logger)
             try await connection.query(PostgresQuery(unsafeSQL: "CREATE SCHEMA IF NOT EXISTS \(schema)"), logger: logger)

@@ -85,24 +85,27 @@ public final class PostgresStore: Sendable {
     /// and a database may restart while the service starts).
     ///
     /// A migration may take as long as it needs while its connection's server process is alive
-    /// (``watchedMigration(_:)``). When the server cannot be reached, or the migration's
+    /// (``watchedMigration(_:backend:)``). When the server cannot be reached, or the migration's
     /// connection is lost, the migration is tried again (its transaction was rolled back) until
-    /// `patience` has passed. A migration that fails at the server (bad SQL, a missing privilege)
-    /// fails at once.
+    /// `patience` has passed since the server last answered. A migration that fails at the server
+    /// (bad SQL, a missing privilege) fails at once.
     ///
     /// - Throws: ``ServiceError`` `storeUnavailable` naming the database.
     @discardableResult
     public func migrate(_ migrator: PostgresMigrator, patience: Duration = .seconds(30)) async throws -> [String] {
         await started.wait()
         let clock = ContinuousClock()
-        let deadline = clock.now + patience
+        var deadline = clock.now + patience
         var delay = Duration.milliseconds(100)
         while true {
+            let backend = ServerProcess()
             do {
-                let applied = try await watchedMigration(migrator)
+                let applied = try await watchedMigration(migrator, backend: backend)
                 if !applied.isEmpty { logger.notice("PostgreSQL migrations applied: \(applied.joined(separator: ", "))") }
                 return applied
             } catch let error where Self.isConnectionFailure(error) {
+                // A try that reached the server (a long migration, say) starts the patience again.
+                if backend.known != nil { deadline = clock.now + patience }
                 guard clock.now + delay < deadline, !Task.isCancelled else {
                     throw ServiceError(
                         .storeUnavailable,
@@ -123,36 +126,43 @@ public final class PostgresStore: Sendable {
 
     /// `migrator`'s run, given up on once nothing can come of it: when it has not begun within
     /// ``timeout`` (no connection), or when a look every ``timeout`` finds its connection's
-    /// server process gone or gets no answer. postgres-nio 1.33 can leave a query unanswered
-    /// forever on a connection the server ended, and a migration left waiting would hold the
-    /// service's start (and its stop) for good.
+    /// server process gone, or gets no answer three times in a row. postgres-nio 1.33 can leave
+    /// a query unanswered forever on a connection the server ended, and a migration left waiting
+    /// would hold the service's start (and its stop) for good.
     ///
-    /// Given up, the migration's task is cancelled and left behind, with its connection.
+    /// Given up, the migration's task is cancelled and left behind, with its connection; if it
+    /// commits after all, the next try finds its migrations applied.
     ///
+    /// - Parameter backend: filled in with the migration's server process once it has begun.
     /// - Throws: what the migration threw; ``ServiceError`` `timeout` when it was given up on.
-    private func watchedMigration(_ migrator: PostgresMigrator) async throws -> [String] {
+    private func watchedMigration(_ migrator: PostgresMigrator, backend: ServerProcess) async throws -> [String] {
         let race = FirstResult<[String]>()
-        let backend = ServerProcess()
         let worker = Task(executorPreference: executor) { [client, logger] in
             do {
-                race.finish(.success(try await migrator.migrate(client, logger: logger) { backend.pid.store($0, ordering: .releasing) }))
+                race.finish(.success(try await migrator.migrate(client, logger: logger) { backend.known = ($0, $1) }))
             } catch {
                 race.finish(.failure(error))
             }
         }
         let limit = timeout
         let watchdog = Task {
+            var unanswered = 0
             while true {
                 do { try await Task.sleep(for: limit) } catch { return }
-                let pid = backend.pid.load(ordering: .acquiring)
-                if pid != 0, (try? await isRunning(serverProcess: pid)) == true { continue }
-                race.finish(
-                    .failure(
-                        ServiceError(
-                            .timeout,
-                            pid == 0
-                                ? "no connection within \(limit)"
-                                : "the migration's connection (server process \(pid)) was lost")))
+                let problem: String
+                if let process = backend.known {
+                    switch try? await isRunning(process) {
+                    case true?: unanswered = 0; continue
+                    case false?: problem = "the migration's connection (server process \(process.pid)) was lost"
+                    case nil:
+                        unanswered += 1
+                        guard unanswered == 3 else { continue }
+                        problem = "the server did not say within \(limit), three times, whether the migration still runs"
+                    }
+                } else {
+                    problem = "no connection within \(limit)"
+                }
+                race.finish(.failure(ServiceError(.timeout, problem)))
                 worker.cancel()
                 return
             }
@@ -166,16 +176,22 @@ public final class PostgresStore: Sendable {
         }
     }
 
-    /// A server process's number (`pg_backend_pid()`), once known; 0 until then.
-    private final class ServerProcess: Sendable {
-        let pid = Atomic<Int32>(0)
+    /// A migration's server process, once known: its number and when it started (numbers are
+    /// used again after a restart).
+    final class ServerProcess: Sendable {
+        private let process = Mutex<(pid: Int32, since: String)?>(nil)
+        var known: (pid: Int32, since: String)? {
+            get { process.withLock { $0 } }
+            set { process.withLock { $0 = newValue } }
+        }
     }
 
-    /// Whether the server still runs the process `pid` (a connection's backend).
-    private func isRunning(serverProcess pid: Int32) async throws -> Bool {
+    /// Whether the server still runs `process` (a connection's backend).
+    private func isRunning(_ process: (pid: Int32, since: String)) async throws -> Bool {
         try await read { connection in
             let rows = try await connection.query(
-                "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = \(pid))", logger: self.logger)
+                "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = \(process.pid) AND backend_start::text = \(process.since))",
+                logger: self.logger)
             for try await running in rows.decode(Bool.self) { return running }
             return false
         }
@@ -184,7 +200,10 @@ public final class PostgresStore: Sendable {
     /// Whether `error` says the server could not be reached or the connection was lost (worth
     /// another try) rather than that the server refused what was sent.
     static func isConnectionFailure(_ error: any Error) -> Bool {
-        let cause = (error as? PostgresTransactionError)?.closureError ?? error
+        let transaction = error as? PostgresTransactionError
+        // BEGIN and COMMIT failing are connection failures too (a migration applied twice is not:
+        // the next try finds it recorded).
+        let cause = transaction?.beginError ?? transaction?.closureError ?? transaction?.commitError ?? error
         if let error = cause as? ServiceError { return error.code == .timeout }
         guard let error = cause as? PSQLError else { return false }
         guard error.code == .server else { return true }
@@ -450,12 +469,15 @@ extension PostgresStore {
         let pool = Task { await store.run() }
         func shut() async {
             pool.cancel()
-            do {
-                try await store.withinTimeout(timeout) { await pool.value }
-            } catch {
-                logger.warning(
-                    "The PostgreSQL pool for \(location) did not close within \(timeout) (a connection is still busy); stopping without it")
-            }
+            // In a task of its own: a caller that was cancelled (a stop) still waits, up to the timeout.
+            await Task {
+                do {
+                    try await store.withinTimeout(timeout) { await pool.value }
+                } catch {
+                    logger.warning(
+                        "The PostgreSQL pool for \(location) did not close within \(timeout) (a connection is still busy); stopping without it")
+                }
+            }.value
         }
         do {
             try await store.migrate(migrator)

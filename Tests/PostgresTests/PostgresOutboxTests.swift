@@ -72,26 +72,29 @@ struct PostgresOutboxTests {
     func watchedMigration() async throws {
         try await withTestSchema { client, location in
             let name = "test-migration-\(UInt32.random(in: 0...UInt32.max))"
-            let store = PostgresStore(location: location, applicationName: name, timeout: .milliseconds(300), logger: quietLogger)
+            let store = PostgresStore(location: location, applicationName: name, timeout: .seconds(1), logger: quietLogger)
             let running = Task { await store.run() }
             defer { running.cancel() }
             var migrator = try PostgresMigrator(schema: location.schema)
-            migrator.register("slow", ["SELECT pg_sleep(1)"])
+            migrator.register("slow", ["SELECT pg_sleep(2.5)"])
             // Ends the first try's server process while it sleeps, as a database restart would.
             let ended = Task {
                 while true {
                     let rows = try await client.query(
                         """
                         SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-                        WHERE application_name = \(name) AND query = 'SELECT pg_sleep(1)' AND state = 'active'
+                        WHERE application_name = \(name) AND query = 'SELECT pg_sleep(2.5)' AND state = 'active'
                         """, logger: quietLogger)
                     for try await terminated in rows.decode(Bool.self) where terminated { return }
                     try await Task.sleep(for: .milliseconds(20))
                 }
             }
-            let applied = try await store.migrate(migrator, patience: .seconds(20))
+            defer { ended.cancel() }
+            let applied = try await store.migrate(migrator, patience: .seconds(30))
             try await ended.value
-            #expect(applied == ["slow"], "the second try, sleeping past the 300 ms limit, applied it")
+            // The second try sleeps past the store's 1 s limit: it is left to run while its
+            // process lives. (Were a try given up and committed later, the next finds it applied.)
+            #expect(applied == ["slow"] || applied.isEmpty)
             let recorded = try await client.query(
                 PostgresQuery(unsafeSQL: "SELECT count(*)::int FROM \(location.schema).migration WHERE name = 'slow'"), logger: quietLogger)
             for try await count in recorded.decode(Int.self) { #expect(count == 1) }

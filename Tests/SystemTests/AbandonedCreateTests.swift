@@ -105,23 +105,27 @@ struct AbandonedCreateTests {
 
     @Test("a try that finds a newer try of its person on record before removing images removes nothing, and asks to be sent again")
     func newerTryKeepsTheImages() async throws {
-        let configuration = InProcessSystem.Configuration(leftOut: [.profile])
+        let configuration = InProcessSystem.Configuration(leftOut: [.profile], orchestratorCallTimeout: .seconds(20))
         try await InProcessSystem.run(configuration) { system in
             let (store, profile) = try await standInProfile(in: system)
             // Refused for good: the try abandons its creates and would then remove its image.
             profile.fail(CreateProfile.self, with: ServiceError(.usernameTaken, "Someone else already has this username.", reason: "taken"))
             // While it abandons, a newer try of the same person begins (as at an orchestrator that
-            // took the lead). Later abandons (the settle loop's) fail, so nothing settles the person
-            // behind the test's back.
+            // took the lead). The settle loop's abandons (through the newer try's attempt) fail, so
+            // nothing settles the person behind the test's back.
             let orchestrator = SQLiteOrchestratorDatabase(path: system.directory.appendingPathComponent("orchestrator.sqlite").path)
             let publisher = try await InProcessBus().publisher(at: Endpoint("inproc://newer-try-\(UUID().uuidString)"))
             defer { publisher.close() }
             let context = OrchestratorStorageContext(
                 publisher: publisher, retention: Outbox.Retention(), logger: Logger(label: "quiet") { _ in SwiftLogNoOpLogHandler() })
-            let first = Mutex(true)
+            let tries = Mutex<UInt64?>(nil)  // the attempt of the try under test, from its first abandon
             profile.answer(AbandonCreates.self) { request, message in
                 let uid = message.header.uid ?? ""
-                guard first.withLock({ was in defer { was = false }; return was }) else {
+                let attempt = tries.withLock { first in
+                    if first == nil { first = request.throughAttempt }
+                    return first
+                }
+                guard request.throughAttempt == attempt else {
                     throw ServiceError(.timeout, "The stand-in profile store does not answer.")
                 }
                 try await orchestrator.withStorage(context) { storage in
